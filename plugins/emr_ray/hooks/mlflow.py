@@ -1,0 +1,336 @@
+"""MLflow connection, client and credentials for the Airflow side.
+
+``mlflow`` is imported inside methods only: importing this module (and parsing a DAG that uses it)
+stays fast.
+
+The ``mlflow`` connection type:
+
+* ``host``: the tracking URI as MLflow writes it (``http://127.0.0.1:5000``,
+  ``sqlite:////abs/path/mlflow.db``, ``file:///abs/path/mlruns``, ``databricks``). A bare host name
+  (no ``://``) is completed as ``<schema or http>://<host>[:<port>]``.
+* ``schema``: ``http`` or ``https`` when ``host`` is a bare host name.
+* ``login`` / ``password``: basic auth of an ``mlflow server --app-name basic-auth``.
+* ``extra``: ``token`` (bearer token, instead of basic auth), ``registry_uri`` (only if the model
+  registry lives elsewhere), ``artifact_location`` (artifact root for experiments this hook
+  creates), ``ui_url`` (where people open the MLflow UI, when the tracking URI is not it),
+  ``insecure_tls`` (``true`` to skip TLS verification).
+
+Credentials never stay in ``os.environ``: MLflow reads them from environment variables at request
+time, so :meth:`MLflowHook.credentials` sets them only around the calls that need them and
+restores the previous values afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from airflow.sdk import BaseHook
+
+from emr_ray.exceptions import MLflowRegistryError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+#: Environment variables through which MLflow's REST and artifact clients read credentials.
+CREDENTIAL_ENV_VARS = (
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+)
+_ENV_LOCK = threading.RLock()
+_HTTP_SCHEMES = ("http", "https")
+
+
+def _strip_userinfo(uri: str) -> str:
+    """Drop ``user:password@`` from an http(s) URI so it can be logged or handed to a job."""
+    parts = urlsplit(uri)
+    if parts.scheme in _HTTP_SCHEMES and "@" in parts.netloc:
+        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return uri
+
+
+class MLflowHook(BaseHook):
+    """
+    Talk to an MLflow tracking server and model registry described by an Airflow connection.
+
+    :param mlflow_conn_id: Airflow connection of type ``mlflow``; its ``host`` is the tracking URI.
+    """
+
+    conn_name_attr = "mlflow_conn_id"
+    default_conn_name = "mlflow_default"
+    conn_type = "mlflow"
+    hook_name = "MLflow"
+
+    def __init__(self, mlflow_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mlflow_conn_id = mlflow_conn_id
+
+    # ------------------------------------------------------------------ connection
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Relabel the generic connection form for MLflow."""
+        return {
+            "hidden_fields": [],
+            "relabeling": {
+                "host": "Tracking URI or host",
+                "schema": "Scheme (http/https, only for a bare host)",
+                "login": "Username (basic auth)",
+                "password": "Password (basic auth)",
+            },
+            "placeholders": {
+                "host": "http://127.0.0.1:5000  or  sqlite:////abs/path/mlflow.db",
+                "schema": "https",
+                "port": "5000",
+                "login": "admin",
+                "extra": '{"token": "...", "registry_uri": "...", "artifact_location": "file:///...", '
+                '"ui_url": "http://127.0.0.1:5000"}',
+            },
+        }
+
+    @cached_property
+    def conn(self):
+        """The Airflow connection (fetched once per hook)."""
+        return self.get_connection(self.mlflow_conn_id)
+
+    @cached_property
+    def extra(self) -> dict[str, Any]:
+        """The connection's extra as a dict."""
+        return dict(self.conn.extra_dejson or {})
+
+    @cached_property
+    def tracking_uri(self) -> str:
+        """The tracking URI the connection describes (may carry no credentials)."""
+        host = (self.conn.host or "").strip()
+        if not host:
+            raise MLflowRegistryError(
+                f"Connection {self.mlflow_conn_id!r} has no host. Set host to the MLflow tracking URI, "
+                "for example http://127.0.0.1:5000 or sqlite:////abs/path/mlflow.db."
+            )
+        if "://" in host or host.startswith("databricks"):
+            return host
+        scheme = (self.conn.schema or "http").strip().lower()
+        if scheme not in _HTTP_SCHEMES:
+            raise MLflowRegistryError(
+                f"Connection {self.mlflow_conn_id!r} has a bare host {host!r} with schema {scheme!r}; "
+                "set schema to http or https, or put the full tracking URI in host."
+            )
+        port = f":{self.conn.port}" if self.conn.port else ""
+        return f"{scheme}://{host}{port}"
+
+    @cached_property
+    def registry_uri(self) -> str:
+        """The model registry URI: extra ``registry_uri``, else the tracking URI."""
+        return str(self.extra.get("registry_uri") or self.tracking_uri)
+
+    @property
+    def artifact_location(self) -> str | None:
+        """Artifact root for experiments this hook creates (extra ``artifact_location``), if set."""
+        value = self.extra.get("artifact_location")
+        return str(value).rstrip("/") if value else None
+
+    def _credential_env(self) -> dict[str, str]:
+        """The MLflow credential environment this connection implies (empty when none)."""
+        env: dict[str, str] = {}
+        token = self.extra.get("token")
+        if token:
+            env["MLFLOW_TRACKING_TOKEN"] = str(token)
+        if self.conn.login:
+            env["MLFLOW_TRACKING_USERNAME"] = self.conn.login
+            env["MLFLOW_TRACKING_PASSWORD"] = self.conn.password or ""
+        if str(self.extra.get("insecure_tls", "")).lower() in ("1", "true", "yes"):
+            env["MLFLOW_TRACKING_INSECURE_TLS"] = "true"
+        if env:
+            from airflow.sdk.log import mask_secret
+
+            for key in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD"):
+                if env.get(key):
+                    mask_secret(env[key])
+        return env
+
+    @contextmanager
+    def credentials(self) -> Iterator[None]:
+        """
+        Make this connection's credentials visible to MLflow for the duration of the block.
+
+        MLflow builds its HTTP credentials from ``MLFLOW_TRACKING_*`` variables at each request,
+        for the tracking store, the registry store and the artifact repositories alike. This sets
+        them under a process-wide lock and restores the previous values (or their absence) on
+        exit, so nothing leaks into later tasks or into subprocesses started afterwards. Without
+        credentials on the connection it does nothing.
+        """
+        env = self._credential_env()
+        if not env:
+            yield
+            return
+        with _ENV_LOCK:
+            saved = {key: os.environ.get(key) for key in CREDENTIAL_ENV_VARS}
+            try:
+                for key in CREDENTIAL_ENV_VARS:
+                    os.environ.pop(key, None)
+                os.environ.update(env)
+                yield
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+
+    @cached_property
+    def client(self) -> MlflowClient:
+        """
+        An ``mlflow.MlflowClient`` bound to this connection's tracking and registry URIs.
+
+        Against a server that needs credentials, wrap direct calls in :meth:`credentials`; the
+        hook's own methods do that already.
+        """
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
+
+    # ------------------------------------------------------------------ links and jobs
+    def get_ui_url(self) -> str | None:
+        """
+        Base URL of the MLflow UI for links, or None when there is none.
+
+        Extra ``ui_url`` wins; otherwise an http(s) tracking URI is the UI itself.
+        """
+        if self.extra.get("ui_url"):
+            return str(self.extra["ui_url"]).rstrip("/")
+        uri = _strip_userinfo(self.tracking_uri)
+        if urlsplit(uri).scheme in _HTTP_SCHEMES:
+            return uri.rstrip("/")
+        return None
+
+    def run_url(self, experiment_id: str, run_id: str) -> str | None:
+        """UI page of a run, or None without a UI."""
+        base = self.get_ui_url()
+        if not base:
+            return None
+        return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+    def model_version_url(self, name: str, version: str | int) -> str | None:
+        """UI page of a registered model version, or None without a UI."""
+        base = self.get_ui_url()
+        if not base:
+            return None
+        return f"{base}/#/models/{quote(name, safe='')}/versions/{version}"
+
+    def job_settings(self) -> dict[str, Any]:
+        """
+        What a Ray job needs to log to this MLflow, without secrets.
+
+        Credentials are not included: pass them to the job through its runtime environment from a
+        secret store, never through a job spec that ends up in logs or XCom.
+        """
+        settings: dict[str, Any] = {
+            "tracking_uri": _strip_userinfo(self.tracking_uri),
+            "registry_uri": _strip_userinfo(self.registry_uri),
+        }
+        if self.artifact_location:
+            settings["artifact_location"] = self.artifact_location
+        settings["requires_credentials"] = bool(self._credential_env())
+        return settings
+
+    def test_connection(self) -> tuple[bool, str]:
+        """List one experiment; return ``(ok, message)`` and never raise."""
+        try:
+            uri = _strip_userinfo(self.tracking_uri)
+            saved = {
+                key: os.environ.get(key)
+                for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+            }
+            with _ENV_LOCK, self.credentials():
+                # Fail fast instead of MLflow's default minutes of retries.
+                os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+                os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
+                try:
+                    self.client.search_experiments(max_results=1)
+                finally:
+                    for key, value in saved.items():
+                        if value is None:
+                            os.environ.pop(key, None)
+                        else:
+                            os.environ[key] = value
+            return True, f"Connected to MLflow at {uri}"
+        except Exception as e:
+            return False, f"Cannot reach MLflow ({type(e).__name__}): {e}"
+
+    # ------------------------------------------------------------------ runs and models
+    def get_or_create_experiment(self, name: str) -> str:
+        """
+        The id of experiment ``name``, created (with ``artifact_location`` if set) when missing.
+
+        :param name: experiment name.
+        """
+        with self.credentials():
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is not None:
+                return experiment.experiment_id
+            return self.client.create_experiment(name, artifact_location=self.artifact_location)
+
+    def get_run(self, run_id: str) -> Run:
+        """
+        The MLflow run ``run_id``.
+
+        :param run_id: MLflow run id.
+        :raises MLflowRegistryError: when the run does not exist.
+        """
+        from mlflow.exceptions import MlflowException
+
+        with self.credentials():
+            try:
+                return self.client.get_run(run_id)
+            except MlflowException as e:
+                raise MLflowRegistryError(
+                    f"MLflow run {run_id!r} not found at {_strip_userinfo(self.tracking_uri)}: {e.message}. "
+                    "Pass the run id the training task returned, and check the mlflow connection."
+                ) from e
+
+    def resolve_model_source(self, run: Run, artifact_path: str) -> tuple[str, str | None]:
+        """
+        Where the model that ``run`` logged under ``artifact_path`` lives: ``(source, model_id)``.
+
+        MLflow 3 logs models as *logged models* (``models:/<model_id>``) linked to the run; older
+        runs keep an ``MLmodel`` under the run's artifacts. Both are accepted.
+
+        :param run: the MLflow run.
+        :param artifact_path: the model's name in ``log_model(name=...)`` (or its old artifact path).
+        :raises MLflowRegistryError: when the run logged no such model.
+        """
+        run_id = run.info.run_id
+        with self.credentials():
+            candidates = []
+            page_token = None
+            while True:
+                page = self.client.search_logged_models(
+                    experiment_ids=[run.info.experiment_id],
+                    filter_string=f"name = '{artifact_path}'",
+                    page_token=page_token,
+                )
+                candidates.extend(m for m in page if m.source_run_id == run_id)
+                page_token = page.token
+                if not page_token:
+                    break
+            if candidates:
+                latest = max(candidates, key=lambda m: (m.creation_timestamp or 0, m.model_id))
+                return f"models:/{latest.model_id}", latest.model_id
+            try:
+                files = {f.path for f in self.client.list_artifacts(run_id, artifact_path)}
+            except Exception:
+                files = set()
+            if f"{artifact_path}/MLmodel" in files or "MLmodel" in files:
+                return f"{run.info.artifact_uri.rstrip('/')}/{artifact_path}", None
+        raise MLflowRegistryError(
+            f"MLflow run {run_id!r} logged no model named {artifact_path!r}. Log it in the training job "
+            f"with mlflow.pytorch.log_model(model, name={artifact_path!r}), or set artifact_path to the "
+            "name the job used."
+        )

@@ -1,0 +1,247 @@
+"""RayHook: the Ray Jobs API (the dashboard's HTTP API) with token authentication.
+
+The Airflow side never imports ``ray``: everything goes over HTTP, so the same code talks to a
+local head and to a remote EMR cluster. The connection:
+
+- host: the dashboard address, ``http://head:8265`` (or ``auto``: the local head, found as
+  ``ray.init(address="auto")`` would, for Airflow workers that run on a Ray node);
+- password: the cluster's auth token (``ray get-auth-token``), sent as ``Authorization: Bearer``;
+- extra: ``verify`` (TLS verification, default true), ``headers`` (extra HTTP headers),
+  ``runtime_env`` (merged under every job's runtime_env: how the cluster finds this package).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import httpx
+from airflow.sdk import BaseHook
+
+from emr_ray.exceptions import RayClusterError
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+DEFAULT_DASHBOARD_PORT = 8265
+
+
+def _auto_address() -> tuple[str, str | None]:
+    """The local head's dashboard URL and token, found as ``ray.init(address="auto")`` finds a head."""
+    url = os.environ.get("RAY_DASHBOARD_ADDRESS") or os.environ.get("RAY_API_SERVER_ADDRESS")
+    if not url:
+        tmp = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
+        if not tmp.exists():
+            raise RayClusterError(
+                "Ray connection host is 'auto' but no local Ray head was found "
+                f"(no RAY_DASHBOARD_ADDRESS and no {tmp}); start one with `ray start --head` "
+                "or set the connection host to http://<head>:8265."
+            )
+        gcs_host = tmp.read_text().strip().rsplit(":", 1)[0]
+        url = f"http://{gcs_host}:{DEFAULT_DASHBOARD_PORT}"
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    token_path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    if token is None and token_path.exists():
+        token = token_path.read_text().strip()
+    return url if "://" in url else f"http://{url}", token
+
+
+class RayHook(BaseHook):
+    """Talks to a Ray cluster through its Jobs API: version, resources, submit, status, logs, stop.
+
+    :param ray_conn_id: the ``ray`` connection (dashboard address, token, TLS, headers).
+    """
+
+    conn_name_attr = "ray_conn_id"
+    default_conn_name = "ray_default"
+    conn_type = "ray"
+    hook_name = "Ray"
+
+    def __init__(self, ray_conn_id: str = default_conn_name, *, timeout: float = 30.0) -> None:
+        super().__init__()
+        self.ray_conn_id = ray_conn_id
+        self.timeout = timeout
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": ["schema", "login", "port"],
+            "relabeling": {"host": "Dashboard address (http://head:8265 or auto)", "password": "Auth token"},
+            "placeholders": {
+                "host": "http://127.0.0.1:8265",
+                "extra": json.dumps({"verify": True, "headers": {}, "runtime_env": {}}),
+            },
+        }
+
+    @cached_property
+    def conn_config(self) -> dict[str, Any]:
+        """Address, token and HTTP settings from the connection (the token is masked in logs)."""
+        conn = self.get_connection(self.ray_conn_id)
+        extra = conn.extra_dejson
+        host = (conn.host or "auto").strip()
+        token = conn.password or extra.get("token")
+        if host == "auto":
+            url, auto_token = _auto_address()
+            token = token or auto_token
+        else:
+            url = host if "://" in host else f"{extra.get('scheme', 'http')}://{host}"
+            if conn.port and url.count(":") < 2:
+                url = f"{url}:{conn.port}"
+        if token:
+            from airflow.sdk.log import mask_secret
+
+            mask_secret(token)
+        return {
+            "url": url.rstrip("/"),
+            "token": token,
+            "verify": bool(extra.get("verify", True)),
+            "headers": dict(extra.get("headers") or {}),
+            "runtime_env": dict(extra.get("runtime_env") or {}),
+        }
+
+    @property
+    def dashboard_url(self) -> str:
+        return self.conn_config["url"]
+
+    def _headers(self) -> dict[str, str]:
+        headers = dict(self.conn_config["headers"])
+        if self.conn_config["token"]:
+            headers["Authorization"] = f"Bearer {self.conn_config['token']}"
+        return headers
+
+    @cached_property
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.dashboard_url,
+            headers=self._headers(),
+            verify=self.conn_config["verify"],
+            timeout=self.timeout,
+        )
+
+    def _request(self, method: str, path: str, *, allow_404: bool = False, **kwargs: Any) -> httpx.Response | None:
+        """One HTTP call, with connection and auth failures turned into messages that say the fix."""
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as e:
+            raise RayClusterError(
+                f"Ray cluster at {self.dashboard_url} is unreachable ({type(e).__name__}: {e}). "
+                f"Check connection {self.ray_conn_id!r} (host should be the dashboard address, "
+                "http://<head>:8265) and that the head node and its dashboard are running."
+            ) from e
+        return self._check(response, allow_404=allow_404)
+
+    def _check(self, response: httpx.Response, *, allow_404: bool = False) -> httpx.Response | None:
+        if response.status_code == 401:
+            raise RayClusterError(
+                f"Ray cluster at {self.dashboard_url} requires an auth token: set the password of "
+                f"connection {self.ray_conn_id!r} to the cluster's token (`ray get-auth-token` on the head)."
+            )
+        if response.status_code == 403:
+            raise RayClusterError(
+                f"Ray cluster at {self.dashboard_url} rejected the auth token of connection "
+                f"{self.ray_conn_id!r}: it is wrong or outdated; copy the current one from the head."
+            )
+        if response.status_code == 404 and allow_404:
+            return None
+        if response.status_code >= 400:
+            raise RayClusterError(
+                f"Ray Jobs API {response.request.method} {response.request.url.path} answered "
+                f"{response.status_code}: {response.text[:2000]}"
+            )
+        return response
+
+    # -- cluster facts ----------------------------------------------------------------------------
+    def get_version(self) -> dict[str, Any]:
+        """``{"ray_version": ..., "version": ..., "session_name": ...}`` from the head."""
+        response = self._request("GET", "/api/version")
+        assert response is not None
+        return response.json()
+
+    def get_cluster_resources(self) -> dict[str, Any]:
+        """Total and available resources summed over alive nodes, plus the node list."""
+        response = self._request("GET", "/nodes", params={"view": "summary"})
+        assert response is not None
+        summary = response.json().get("data", {}).get("summary", [])
+        total: dict[str, float] = {}
+        available: dict[str, float] = {}
+        nodes = []
+        for node in summary:
+            raylet = node.get("raylet", {})
+            if raylet.get("state") != "ALIVE":
+                continue
+            nodes.append({"node_id": raylet.get("nodeId"), "ip": raylet.get("nodeManagerAddress") or node.get("ip")})
+            for key, value in (raylet.get("resourcesTotal") or {}).items():
+                total[key] = total.get(key, 0.0) + float(value)
+            for key, value in (raylet.get("resourcesAvailable") or raylet.get("resourcesTotal") or {}).items():
+                available[key] = available.get(key, 0.0) + float(value)
+        return {"total": total, "available": available, "nodes": nodes}
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Report the cluster's Ray version and CPUs; never raises."""
+        try:
+            version = self.get_version()
+            resources = self.get_cluster_resources()
+        except Exception as e:
+            return False, str(e)
+        total = resources["total"]
+        return True, (
+            f"Ray {version.get('ray_version')} at {self.dashboard_url}: {len(resources['nodes'])} node(s), "
+            f"{total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs"
+        )
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def submit_job(
+        self,
+        *,
+        entrypoint: str,
+        submission_id: str,
+        runtime_env: dict[str, Any] | None = None,
+        metadata: dict[str, str] | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_num_gpus: float | None = None,
+        entrypoint_resources: dict[str, float] | None = None,
+    ) -> str:
+        """Submit a job under ``submission_id`` and return it."""
+        body: dict[str, Any] = {
+            "entrypoint": entrypoint,
+            "submission_id": submission_id,
+            "runtime_env": merge_runtime_env(self.conn_config["runtime_env"], runtime_env or {}),
+            "metadata": metadata or {},
+        }
+        for key, value in (
+            ("entrypoint_num_cpus", entrypoint_num_cpus),
+            ("entrypoint_num_gpus", entrypoint_num_gpus),
+            ("entrypoint_resources", entrypoint_resources),
+        ):
+            if value is not None:
+                body[key] = value
+        response = self._request("POST", "/api/jobs/", json=body)
+        assert response is not None
+        return response.json().get("submission_id", submission_id)
+
+    def get_job(self, submission_id: str) -> dict[str, Any] | None:
+        """The job's details (``status``, ``message``, ...), or None when no such job exists."""
+        response = self._request("GET", f"/api/jobs/{submission_id}", allow_404=True)
+        return None if response is None else response.json()
+
+    def get_job_logs(self, submission_id: str) -> str:
+        response = self._request("GET", f"/api/jobs/{submission_id}/logs", allow_404=True)
+        return "" if response is None else response.json().get("logs", "")
+
+    def stop_job(self, submission_id: str) -> bool:
+        """Ask the cluster to stop the job; True if it was stopped (False if already finished)."""
+        response = self._request("POST", f"/api/jobs/{submission_id}/stop", allow_404=True)
+        return bool(response is not None and response.json().get("stopped"))
+
+    def job_url(self, submission_id: str) -> str:
+        """The job's page in the Ray dashboard."""
+        return f"{self.dashboard_url}/#/jobs/{submission_id}"
+
+
+def merge_runtime_env(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge runtime envs: ``env_vars`` are merged key by key, other keys are replaced."""
+    merged = {**base, **override}
+    if "env_vars" in base or "env_vars" in override:
+        merged["env_vars"] = {**base.get("env_vars", {}), **override.get("env_vars", {})}
+    return merged

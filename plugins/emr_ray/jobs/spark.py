@@ -1,0 +1,164 @@
+"""Job: start Spark on Ray (RayDP), read one committed input partition, run a preprocessing function,
+write its outputs to a temporary prefix and commit them as one partition. Spark is always stopped.
+
+The preprocessing function (``spec["preprocess"]``, an import path) takes the input DataFrame and
+the step's config and returns a DataFrame or a dict of named DataFrames (e.g. train and test).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from emr_ray import storage
+from emr_ray.jobs._runtime import JobInputError, main, storage_options
+from emr_ray.spec import import_by_path
+
+log = logging.getLogger("emr_ray.jobs.spark")
+
+# JDK 17 closes these packages; Spark's executors (and Arrow) need them open (see RayDP's docs).
+_ADD_OPENS = [
+    "java.lang", "java.lang.invoke", "java.io", "java.net", "java.nio", "java.math", "java.text",
+    "java.util", "java.util.concurrent", "java.util.concurrent.atomic", "sun.nio.ch", "sun.nio.cs",
+    "sun.security.action", "sun.util.calendar",
+]  # fmt: skip
+JAVA_OPTIONS = " ".join(["-XX:+IgnoreUnrecognizedVMOptions"] + [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _ADD_OPENS])
+
+
+def spark_configs(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark settings every RayDP session here needs, under the step's own."""
+    configs = {
+        "spark.executor.extraJavaOptions": JAVA_OPTIONS,
+        "spark.driver.extraJavaOptions": JAVA_OPTIONS,
+        "spark.ray.raydp_app_master.extraJavaOptions": JAVA_OPTIONS,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": "false",
+    }
+    configs.update(extra or {})
+    return configs
+
+
+def read_partition(spark, uri: str, options: storage.StorageOptions):
+    """A committed input partition as a Spark DataFrame (COS through Ray Data: Spark here has no S3A)."""
+    if not storage.is_committed(uri, options):
+        raise JobInputError(
+            f"Input partition {uri} is missing or not committed (no {storage.SUCCESS_MARKER}); "
+            "check the partition date and that the producer finished, then rerun."
+        )
+    files = storage.list_parquet_files(uri, options)
+    if not files:
+        raise JobInputError(f"Input partition {uri} has no Parquet files; the producer wrote an empty partition.")
+    scheme, _ = storage.split_uri(uri)
+    if scheme == "cos":
+        import ray.data
+
+        fsys = storage.filesystem(uri, options)
+        return ray.data.read_parquet(files, filesystem=fsys).to_spark(spark)
+    if scheme == "file":
+        return spark.read.parquet(*[f"file://{f}" for f in files])
+    return spark.read.parquet(uri)
+
+
+def write_output(df, uri: str, options: storage.StorageOptions) -> None:
+    scheme, path = storage.split_uri(uri)
+    if scheme == "cos":
+        import ray.data
+
+        ray.data.from_spark(df).write_parquet(path, filesystem=storage.filesystem(uri, options))
+    else:
+        df.write.mode("overwrite").parquet(f"file://{path}" if scheme == "file" else uri)
+
+
+def validate_columns(df, required: list[str], uri: str) -> None:
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise JobInputError(
+            f"Input partition {uri} lacks column(s) {missing}; it has {df.columns}. "
+            "Fix the producer or the step's feature_columns/label_column."
+        )
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    import ray
+    import raydp
+
+    options = storage_options(spec)
+    partition = storage.validate_partition(spec["partition"])
+    input_uri = spec["input_uri"]
+    output_uri = spec["output_uri"]
+    preprocess = import_by_path(spec["preprocess"])
+    config = spec.get("config", {})
+    spark_spec = spec["spark"]
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+    started = time.monotonic()
+    spark = raydp.init_spark(
+        app_name=spark_spec["app_name"],
+        num_executors=int(spark_spec["num_executors"]),
+        executor_cores=int(spark_spec["executor_cores"]),
+        executor_memory=spark_spec["executor_memory"],
+        placement_group_strategy=spark_spec.get("placement_group_strategy"),
+        configs=spark_configs(spark_spec.get("configs")),
+    )
+    log.info("Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each", time.monotonic() - started,
+             spark_spec["num_executors"], spark_spec["executor_cores"], spark_spec["executor_memory"])  # fmt: skip
+    tmp_uri = storage.staging_uri(output_uri)
+    try:
+        df = read_partition(spark, input_uri, options).cache()
+        validate_columns(df, config.get("required_columns", []), input_uri)
+        rows_in = df.count()
+        log.info("Read %d rows from %s", rows_in, input_uri)
+        if rows_in == 0:
+            raise JobInputError(f"Input partition {input_uri} has 0 rows; nothing to preprocess.")
+        outputs = preprocess(df, config)
+        if not isinstance(outputs, dict):
+            outputs = {"data": outputs}
+        written: dict[str, Any] = {}
+        for name, out in outputs.items():
+            out = out.cache()
+            rows = out.count()
+            write_output(out, storage.join(tmp_uri, name), options)
+            written[name] = {"rows": rows, "uri": storage.join(output_uri, name),
+                             "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
+            log.info("Wrote output %r: %d rows", name, rows)
+        manifest = {
+            "partition": partition,
+            "input_uri": input_uri,
+            "rows_in": rows_in,
+            "outputs": written,
+            "producer": spec.get("identity", {}),
+            "preprocess": spec["preprocess"],
+        }
+        storage.commit(tmp_uri, output_uri, manifest, options)
+        log.info("Committed partition %s", output_uri)
+    finally:
+        raydp.stop_spark()
+        _remove_quietly(tmp_uri, options)
+    return {
+        "partition": partition,
+        "input_uri": input_uri,
+        "output_uri": output_uri,
+        "rows_in": rows_in,
+        "rows_out": {name: item["rows"] for name, item in written.items()},
+        "outputs": {name: item["uri"] for name, item in written.items()},
+    }
+
+
+def _remove_quietly(uri: str, options: storage.StorageOptions) -> None:
+    """Drop a leftover temporary prefix (after a failure); committed output was already moved away."""
+    from pyarrow import fs as pafs
+
+    try:
+        fsys, path = storage.resolve(uri, options)
+        if fsys.get_file_info(path).type != pafs.FileType.NotFound:
+            fsys.delete_dir(path)
+    except Exception:  # cleanup must never hide the real error
+        log.warning("Could not remove temporary output %s", uri, exc_info=True)
+
+
+if __name__ == "__main__":
+    main(run)

@@ -1,0 +1,153 @@
+"""Start and stop a local Ray head on 127.0.0.1 with token authentication, isolated under one folder.
+
+The head runs exactly as a remote EMR head would: operators reach it through the Jobs API at
+``http://127.0.0.1:<dashboard_port>`` with its token. Its temp dir, token and ``HOME`` live under
+``state_dir``, so ``rm -rf`` of that folder is a full reset and no other Ray on the machine is touched.
+Ray binds some listeners on all interfaces: run it inside a loopback-only network namespace
+(``scripts/loopback.sh``), as ``make demo`` and ``make test`` do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LocalRay:
+    """What a client needs to reach the local head."""
+
+    dashboard_url: str
+    token: str
+    state_dir: Path
+    gcs_address: str
+
+    def connection_uri_env(self) -> dict[str, str]:
+        """Environment for processes that act as clients of this head (``ray`` CLI, ``ray.init``)."""
+        return cluster_env(self.state_dir) | {"RAY_ADDRESS": self.gcs_address}
+
+
+def _ray_bin() -> str:
+    candidate = Path(sys.executable).with_name("ray")
+    return str(candidate) if candidate.exists() else "ray"
+
+
+def cluster_env(state_dir: Path) -> dict[str, str]:
+    """Environment every Ray process (and so every job) of the local cluster runs with."""
+    state_dir = state_dir.resolve()
+    venv_bin = str(Path(sys.executable).parent)
+    return {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(state_dir / "auth_token"),
+        "RAY_TMPDIR": str(state_dir / "tmp"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_DEDUP_LOGS": "0",
+        "RAY_TRAIN_V2_ENABLED": "1",
+        "HOME": str(state_dir / "home"),
+        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+        "SPARK_LOCAL_IP": LOOPBACK,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+
+
+def _token(state_dir: Path) -> str:
+    path = state_dir / "auth_token"
+    if not path.exists():
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _wait_for_dashboard(url: str, token: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except Exception as e:  # still starting
+            last = e
+        time.sleep(1)
+    raise RuntimeError(f"Ray dashboard at {url} did not answer within {timeout:.0f}s: {last}")
+
+
+def start_head(
+    state_dir: str | os.PathLike,
+    *,
+    num_cpus: int = 2,
+    num_gpus: int = 0,
+    gcs_port: int = 6379,
+    dashboard_port: int = 8265,
+    object_store_memory: int = 1_000_000_000,
+    timeout: float = 120.0,
+) -> LocalRay:
+    """Start ``ray start --head`` on 127.0.0.1 (reusing one already running from ``state_dir``)."""
+    state = Path(state_dir).resolve()
+    for sub in ("tmp", "home"):
+        (state / sub).mkdir(parents=True, exist_ok=True)
+    token = _token(state)
+    url = f"http://{LOOPBACK}:{dashboard_port}"
+    env = os.environ | cluster_env(state)
+    try:
+        _wait_for_dashboard(url, token, timeout=1)
+        return LocalRay(url, token, state, f"{LOOPBACK}:{gcs_port}")
+    except RuntimeError:
+        pass
+    cmd = [
+        _ray_bin(), "start", "--head",
+        f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
+        "--include-dashboard=true", f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dashboard_port}",
+        f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}",
+        f"--object-store-memory={object_store_memory}",
+        f"--temp-dir={state / 'tmp'}", "--disable-usage-stats",
+    ]  # fmt: skip
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    _wait_for_dashboard(url, token, timeout)
+    return LocalRay(url, token, state, f"{LOOPBACK}:{gcs_port}")
+
+
+def add_worker_node(local: LocalRay, *, num_cpus: int = 1, resources: str | None = None) -> None:
+    """Join a second local node to the head (tests of multi-node placement)."""
+    cmd = [_ray_bin(), "start", f"--address={local.gcs_address}", f"--node-ip-address={LOOPBACK}", f"--num-cpus={num_cpus}"]
+    if resources:
+        cmd.append(f"--resources={resources}")
+    subprocess.run(cmd, env=os.environ | cluster_env(local.state_dir), check=True, stdout=subprocess.DEVNULL)
+
+
+def stop_head(state_dir: str | os.PathLike) -> None:
+    """Stop every Ray process started with this state folder's environment."""
+    state = Path(state_dir).resolve()
+    subprocess.run([_ray_bin(), "stop", "--force"], env=os.environ | cluster_env(state), check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    shutil.rmtree(state / "tmp" / "ray" / "ray_current_cluster", ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("action", choices=["start", "stop"])
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--num-cpus", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.action == "start":
+        local = start_head(args.state_dir, num_cpus=args.num_cpus)
+        print(local.dashboard_url)
+    else:
+        stop_head(args.state_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,395 @@
+"""Register a model version from an MLflow run and promote it with aliases (champion/challenger).
+
+MLflow deprecated model stages; this operator uses aliases only. The gate is one metric of the
+source runs: the new version always becomes ``challenger``, and ``champion`` only when it beats the
+current champion's value by more than ``min_improvement`` (or when there is no champion yet).
+
+Registration is idempotent: a retry, or a rerun of the same DAG run, finds the version already
+registered from the same MLflow run and reuses it instead of creating a second one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset, BaseOperator
+
+from emr_ray.exceptions import MLflowRegistryError
+from emr_ray.hooks.mlflow import MLflowHook
+from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+
+    from airflow.sdk import Context
+
+#: Scheme of the Airflow asset that stands for a registered MLflow model.
+ASSET_URI_PREFIX = "x-mlflow://models/"
+
+#: Version tags the operator writes (besides the caller's ``version_tags``).
+TAG_DAG_ID = "airflow.dag_id"
+TAG_RUN_ID = "airflow.run_id"
+TAG_TASK_ID = "airflow.task_id"
+TAG_PARTITION = "partition"
+TAG_ARTIFACT_PATH = "artifact_path"
+
+_DIRECTIONS = ("max", "min")
+
+
+def mlflow_model_asset(model_name: str) -> Asset:
+    """
+    The Airflow asset for registered model ``model_name`` (``x-mlflow://models/<name>``).
+
+    Schedule a downstream DAG on it to run whenever a version is registered; each asset event's
+    ``extra`` carries the version, its metric value and whether it was promoted.
+
+    :param model_name: the registered model's name.
+    """
+    uri = f"{ASSET_URI_PREFIX}{model_name}"
+    return Asset(name=uri, uri=uri, group="model")
+
+
+class MLflowRegisterOperator(BaseOperator):
+    """
+    Register the model an MLflow run logged, tag it, and move ``challenger`` / ``champion`` aliases.
+
+    The source run must be ``FINISHED`` and carry ``metric``; otherwise nothing is registered.
+    The returned XCom is a dict with ``model_name``, ``version``, ``model_uri``, ``run_id``,
+    ``metric``, ``value``, ``champion_value_before``, ``promoted``, ``aliases``, ``reused``,
+    ``champion_version_before`` and ``reason``.
+
+    :param model_name: registered model name; created when missing. (templated)
+    :param run_id: MLflow run that logged the model, typically the training task's XCom. (templated)
+    :param artifact_path: name the model was logged under (``log_model(name=...)``). (templated)
+    :param metric: run metric that decides promotion, e.g. ``test_accuracy``. (templated)
+    :param direction: ``max`` when higher is better, ``min`` when lower is better.
+    :param min_improvement: how much the new value must beat the champion's by (absolute, >= 0);
+        a tie never promotes.
+    :param challenger_alias: alias every newly registered version gets.
+    :param champion_alias: alias of the version in production.
+    :param register_only_if_better: register nothing unless the run beats the champion.
+    :param version_tags: extra model version tags; ``partition`` here overrides the default
+        (the DAG run's ``ds``). (templated)
+    :param description: model version description. (templated)
+    :param mlflow_conn_id: Airflow connection of type ``mlflow``.
+    :param emit_asset: add :func:`mlflow_model_asset` of ``model_name`` to ``outlets`` (only when
+        ``model_name`` is not a template, since outlets are fixed when the DAG is parsed) and fill
+        its event's ``extra``.
+    """
+
+    template_fields: Sequence[str] = (
+        "model_name",
+        "run_id",
+        "artifact_path",
+        "metric",
+        "version_tags",
+        "description",
+    )
+    template_fields_renderers = {"version_tags": "json"}
+    ui_color = "#d5e8f7"
+    operator_extra_links = (MLflowRunLink(), MLflowModelVersionLink())
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        run_id: str,
+        artifact_path: str = "model",
+        metric: str = "test_accuracy",
+        direction: str = "max",
+        min_improvement: float = 0.0,
+        challenger_alias: str = "challenger",
+        champion_alias: str = "champion",
+        register_only_if_better: bool = False,
+        version_tags: dict[str, str] | None = None,
+        description: str | None = None,
+        mlflow_conn_id: str = MLflowHook.default_conn_name,
+        emit_asset: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if direction not in _DIRECTIONS:
+            raise ValueError(f"direction={direction!r} is not supported; use 'max' or 'min'.")
+        if min_improvement < 0:
+            raise ValueError(
+                f"min_improvement={min_improvement!r} must be >= 0; it is the margin by which a new "
+                "model must beat the champion, in the metric's own units."
+            )
+        if challenger_alias == champion_alias:
+            raise ValueError(
+                f"challenger_alias and champion_alias are both {champion_alias!r}; give them different names."
+            )
+        if emit_asset and "{{" not in model_name and "{%" not in model_name:
+            asset = mlflow_model_asset(model_name)
+            outlets = kwargs.get("outlets") or []
+            outlets = list(outlets) if isinstance(outlets, list | tuple) else [outlets]
+            if asset not in outlets:
+                kwargs["outlets"] = [*outlets, asset]
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.run_id = run_id
+        self.artifact_path = artifact_path
+        self.metric = metric
+        self.direction = direction
+        self.min_improvement = float(min_improvement)
+        self.challenger_alias = challenger_alias
+        self.champion_alias = champion_alias
+        self.register_only_if_better = register_only_if_better
+        self.version_tags = version_tags
+        self.description = description
+        self.mlflow_conn_id = mlflow_conn_id
+        self.emit_asset = emit_asset
+
+    @cached_property
+    def hook(self) -> MLflowHook:
+        """The MLflow hook of ``mlflow_conn_id``."""
+        return MLflowHook(mlflow_conn_id=self.mlflow_conn_id)
+
+    # ------------------------------------------------------------------ helpers
+    def _improvement(self, value: float, champion_value: float) -> float:
+        return value - champion_value if self.direction == "max" else champion_value - value
+
+    def _source_value(self, run_id: str | None) -> float | None:
+        """The gate metric of a champion's source run, or None when it cannot be read."""
+        if not run_id:
+            return None
+        try:
+            run = self.hook.get_run(run_id)
+        except MLflowRegistryError:
+            return None
+        return run.data.metrics.get(self.metric)
+
+    def _check_run(self, run_id: str) -> tuple[Any, float]:
+        run = self.hook.get_run(run_id)
+        status = run.info.status
+        if status != "FINISHED":
+            raise MLflowRegistryError(
+                f"MLflow run {run_id!r} has status {status}, not FINISHED: no model is registered from a "
+                "failed or unfinished run. Fix the training task and let it finish, then rerun this task."
+            )
+        value = run.data.metrics.get(self.metric)
+        if value is None:
+            logged = ", ".join(sorted(run.data.metrics)) or "none"
+            raise MLflowRegistryError(
+                f"MLflow run {run_id!r} has no metric {self.metric!r} (it logged: {logged}). Log "
+                f"{self.metric!r} in the training job, or set metric= to one the run logged."
+            )
+        return run, float(value)
+
+    def _ensure_registered_model(self, name: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        client = self.hook.client
+        try:
+            client.get_registered_model(name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            try:
+                client.create_registered_model(name)
+                self.log.info("Created registered model %s", name)
+            except MlflowException as e2:  # created concurrently by another task
+                if e2.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+                    raise
+
+    def _find_existing(self, name: str, run_id: str, artifact_path: str) -> ModelVersion | None:
+        """The earliest version of ``name`` registered from ``run_id`` (same artifact path)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            versions = self.hook.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        same = [v for v in versions if v.tags.get(TAG_ARTIFACT_PATH, artifact_path) == artifact_path]
+        return min(same, key=lambda v: int(v.version)) if same else None
+
+    def _version_tags(self, context: Context, artifact_path: str) -> dict[str, str]:
+        ti = context["ti"]
+        tags = {
+            TAG_DAG_ID: ti.dag_id,
+            TAG_RUN_ID: ti.run_id,
+            TAG_TASK_ID: ti.task_id,
+            TAG_ARTIFACT_PATH: artifact_path,
+        }
+        partition = context.get("ds")
+        if partition:
+            tags[TAG_PARTITION] = str(partition)
+        map_index = getattr(ti, "map_index", -1)
+        if map_index is not None and map_index >= 0:
+            tags["airflow.map_index"] = str(map_index)
+        tags.update({str(k): str(v) for k, v in (self.version_tags or {}).items()})
+        return tags
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, context: Context) -> dict[str, Any]:
+        name = str(self.model_name).strip()
+        run_id = str(self.run_id).strip()
+        artifact_path = str(self.artifact_path).strip().strip("/")
+        if not name:
+            raise MLflowRegistryError("model_name rendered empty; pass the registered model's name.")
+        if not run_id or run_id == "None":
+            raise MLflowRegistryError(
+                f"run_id rendered {self.run_id!r}; pass the MLflow run id the training task returned "
+                "(for example its XCom 'mlflow_run_id')."
+            )
+        hook = self.hook
+        client = hook.client
+
+        with hook.credentials():
+            run, value = self._check_run(run_id)
+            MLflowRunLink.persist(context, hook.run_url(run.info.experiment_id, run_id))
+
+            self._ensure_registered_model(name)
+            existing = self._find_existing(name, run_id, artifact_path)
+
+            aliases_before = dict(client.get_registered_model(name).aliases or {})
+            champion_version = aliases_before.get(self.champion_alias)
+            champion_version = str(champion_version) if champion_version is not None else None
+            champion_value: float | None = None
+            if champion_version is not None:
+                champion_mv = client.get_model_version(name, champion_version)
+                champion_value = self._source_value(champion_mv.run_id)
+
+            # The decision, before anything is written.
+            if champion_version is None:
+                promote, reason = True, "no champion yet"
+            elif existing is not None and str(existing.version) == champion_version:
+                promote, reason = True, "this run's version is already the champion"
+            elif champion_value is None:
+                promote = False
+                reason = (
+                    f"champion v{champion_version} has no {self.metric!r} to compare against; set the "
+                    f"{self.champion_alias!r} alias by hand if this version should replace it"
+                )
+            else:
+                improvement = self._improvement(value, champion_value)
+                promote = improvement > 0 and improvement >= self.min_improvement
+                reason = (
+                    f"{self.metric} {value} vs champion {champion_value} ({self.direction} is better, "
+                    f"improvement {improvement:+.6g}, required > 0 and >= {self.min_improvement})"
+                )
+            self.log.info(
+                "Run %s: %s = %s; champion %s: %s = %s",
+                run_id,
+                self.metric,
+                value,
+                f"v{champion_version}" if champion_version else "none",
+                self.metric,
+                champion_value,
+            )
+
+            if existing is None and self.register_only_if_better and not promote:
+                self.log.info("Not registering (register_only_if_better and no improvement): %s", reason)
+                return self._result(
+                    name, None, run_id, value, champion_value, champion_version, False, [], False, reason
+                )
+
+            if existing is not None:
+                mv = existing
+                reused = True
+                self.log.info(
+                    "Version %s of %s was already registered from run %s; reusing it", mv.version, name, run_id
+                )
+            else:
+                source, model_id = hook.resolve_model_source(run, artifact_path)
+                mv = client.create_model_version(
+                    name=name,
+                    source=source,
+                    run_id=run_id,
+                    tags=self._version_tags(context, artifact_path),
+                    description=self.description,
+                    model_id=model_id,
+                )
+                reused = False
+                self.log.info("Registered %s version %s from %s", name, mv.version, source)
+                if model_id:
+                    self._link_logged_model(model_id, name, str(mv.version))
+            version = str(mv.version)
+
+            client.set_registered_model_alias(name, self.challenger_alias, version)
+            if promote:
+                client.set_registered_model_alias(name, self.champion_alias, version)
+            aliases = sorted(
+                alias
+                for alias, v in (client.get_registered_model(name).aliases or {}).items()
+                if str(v) == version
+            )
+
+        self.log.info(
+            "Decision for %s v%s: %s (%s); aliases now %s",
+            name,
+            version,
+            "PROMOTED to " + self.champion_alias if promote else "challenger only",
+            reason,
+            aliases,
+        )
+        MLflowModelVersionLink.persist(context, hook.model_version_url(name, version))
+        result = self._result(
+            name, version, run_id, value, champion_value, champion_version, promote, aliases, reused, reason
+        )
+        self._emit_asset_event(context, name, result)
+        return result
+
+    def _result(
+        self,
+        name: str,
+        version: str | None,
+        run_id: str,
+        value: float,
+        champion_value: float | None,
+        champion_version: str | None,
+        promoted: bool,
+        aliases: list[str],
+        reused: bool,
+        reason: str,
+    ) -> dict[str, Any]:
+        return {
+            "model_name": name,
+            "version": version,
+            "model_uri": f"models:/{name}/{version}" if version else None,
+            "run_id": run_id,
+            "metric": self.metric,
+            "value": value,
+            "champion_value_before": champion_value,
+            "champion_version_before": champion_version,
+            "promoted": promoted,
+            "aliases": aliases,
+            "reused": reused,
+            "reason": reason,
+        }
+
+    def _link_logged_model(self, model_id: str, name: str, version: str) -> None:
+        """Record the version on the MLflow 3 logged model, as ``mlflow.register_model`` does."""
+        import json
+
+        try:
+            from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+            client = self.hook.client
+            model = client.get_logged_model(model_id)
+            linked = json.loads(model.tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+            linked.append({"name": name, "version": version})
+            client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(linked)})
+        except Exception as e:  # cosmetic: the registry entry exists either way
+            self.log.warning("Could not link logged model %s to %s v%s: %s", model_id, name, version, e)
+
+    def _emit_asset_event(self, context: Context, name: str, result: dict[str, Any]) -> None:
+        if not self.emit_asset or result["version"] is None:
+            return
+        target = f"{ASSET_URI_PREFIX}{name}"
+        for outlet in self.outlets or []:
+            if isinstance(outlet, Asset) and outlet.uri == target:
+                context["outlet_events"][outlet].extra = {
+                    "model_name": name,
+                    "version": result["version"],
+                    "model_uri": result["model_uri"],
+                    "run_id": result["run_id"],
+                    "metric": result["metric"],
+                    "value": result["value"],
+                    "champion_value_before": result["champion_value_before"],
+                    "promoted": result["promoted"],
+                    "aliases": result["aliases"],
+                }
