@@ -57,7 +57,7 @@ def read_partition(spark, uri: str, options: storage.StorageOptions):
         import ray.data
 
         fsys = storage.filesystem(uri, options)
-        return ray.data.read_parquet(files, filesystem=fsys).to_spark(spark)
+        return ray.data.read_parquet(files, filesystem=fsys, partitioning=None).to_spark(spark)
     if scheme == "file":
         return spark.read.parquet(*[f"file://{f}" for f in files])
     return spark.read.parquet(uri)

@@ -1,0 +1,236 @@
+"""Job: distributed PyTorch training with Ray Train's TorchTrainer, fed by Ray Data, tracked in MLflow.
+
+Identity makes it resumable: the run's storage path and name come from the Airflow task, and a
+small state file there remembers the MLflow run and (once done) the result. A retry of an
+unfinished run resumes from its latest checkpoint into the same MLflow run; a rerun of a finished
+run with the same inputs returns the stored result instead of training again; a rerun with other
+inputs or hyperparameters starts clean.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from emr_ray import storage
+from emr_ray.jobs._runtime import JobInputError, main, storage_options
+from emr_ray.spec import import_by_path
+
+log = logging.getLogger("emr_ray.jobs.train")
+STATE_FILE = "_emr_ray_state.json"
+
+
+def fingerprint(spec: dict[str, Any], manifests: dict[str, Any]) -> str:
+    """What makes two trainings the same: code path, config, scaling and the exact input data."""
+    keys = ("train_loop", "config", "scaling", "datasets")
+    payload = {k: spec.get(k) for k in keys} | {"manifests": manifests}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _read_state(fsys, path: str) -> dict[str, Any]:
+    from pyarrow import fs as pafs
+
+    if fsys.get_file_info(f"{path}/{STATE_FILE}").type != pafs.FileType.File:
+        return {}
+    with fsys.open_input_stream(f"{path}/{STATE_FILE}") as f:
+        return json.loads(f.read().decode())
+
+
+def _write_state(fsys, path: str, state: dict[str, Any]) -> None:
+    fsys.create_dir(path, recursive=True)
+    with fsys.open_output_stream(f"{path}/{STATE_FILE}") as f:
+        f.write(json.dumps(state, indent=2, sort_keys=True, default=str).encode())
+
+
+def _load_dataset(uri: str, options: storage.StorageOptions):
+    import ray.data
+
+    files = storage.list_parquet_files(uri, options)
+    if not files:
+        raise JobInputError(f"Training input {uri} has no Parquet files; run the preprocessing step first.")
+    # Materialized up front: on a small cluster, lazy reads would compete with the train workers for CPUs.
+    return ray.data.read_parquet(files, filesystem=storage.filesystem(uri, options), partitioning=None).materialize()
+
+
+def _mlflow_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
+    """A Ray Train callback (it runs in the controller) that logs each epoch to the log and to MLflow."""
+    from ray.train import UserCallback
+
+    class EpochLogger(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            import mlflow
+
+            first = dict(metrics[0])
+            epoch = int(first.pop("epoch", 0))
+            text = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(first.items()))
+            print(f"[emr_ray] epoch {epoch + 1}/{epochs} {text}", flush=True)
+            numeric = {k: float(v) for k, v in first.items() if isinstance(v, (int, float))}
+            mlflow.MlflowClient(tracking_uri=tracking_uri).log_batch(
+                mlflow_run_id,
+                metrics=[mlflow.entities.Metric(k, v, int(time.time() * 1000), epoch) for k, v in numeric.items()],
+            )
+
+    return EpochLogger()
+
+
+def _start_mlflow_run(spec: dict[str, Any], state: dict[str, Any]) -> str:
+    import mlflow
+
+    settings = spec["mlflow"]
+    client = mlflow.MlflowClient(tracking_uri=settings["tracking_uri"], registry_uri=settings.get("registry_uri"))
+    if state.get("mlflow_run_id"):
+        run_id = state["mlflow_run_id"]
+        client.update_run(run_id, status="RUNNING")
+        log.info("Resuming MLflow run %s", run_id)
+        return run_id
+    name = settings["experiment_name"]
+    experiment = client.get_experiment_by_name(name)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+    tags = {**settings.get("tags", {}), "emr_ray.run_name": spec["run_name"]}
+    run = client.create_run(experiment_id, run_name=spec["run_name"], tags=tags)
+    params = {k: v for k, v in spec["config"].items() if not isinstance(v, (list, dict))}
+    params |= {f"scaling.{k}": v for k, v in spec["scaling"].items()}
+    params |= {f"data.{k}": v for k, v in spec["datasets"].items()}
+    for key, value in params.items():
+        client.log_param(run.info.run_id, key, str(value)[:6000])
+    return run.info.run_id
+
+
+def _log_model(spec: dict[str, Any], mlflow_run_id: str, checkpoint, example) -> None:
+    """Rebuild the model from the best checkpoint and log it (with signature and input example)."""
+    import mlflow
+    import torch
+
+    module = spec["train_loop"].partition(":")[0]
+    build = import_by_path(spec.get("model_factory") or f"{module}:build_model")
+    load = import_by_path(spec.get("load_weights") or f"{module}:load_weights")
+    model = build(spec["config"])
+    with checkpoint.as_directory() as ckpt_dir:
+        load(model, ckpt_dir)
+    model.eval()
+    mlflow.set_tracking_uri(spec["mlflow"]["tracking_uri"])
+    code_dir = os.path.dirname(os.path.dirname(os.path.abspath(import_by_path(f"{module}:__file__"))))
+    with mlflow.start_run(run_id=mlflow_run_id):
+        mlflow.pytorch.log_model(
+            model,
+            name="model",
+            input_example=example,
+            code_paths=[code_dir] if os.path.basename(code_dir) == "include" else None,
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
+        )
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    import ray
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    options = storage_options(spec)
+    train_loop = import_by_path(spec["train_loop"])
+    manifests = {}
+    for name, uri in spec["datasets"].items():
+        partition_root = uri.rstrip("/").rpartition("/")[0]
+        manifests[name] = storage.read_manifest(partition_root, options).get("outputs", {}).get(name, {}).get("rows")
+    print_key = fingerprint(spec, manifests)
+    fsys, run_path = storage.resolve(storage.join(spec["storage_path"], spec["run_name"]), options)
+    state = _read_state(fsys, run_path)
+    if state.get("fingerprint") == print_key and state.get("result"):
+        log.info("Training %s already finished with these inputs; returning its stored result.", spec["run_name"])
+        return state["result"] | {"reused": True}
+    if state and state.get("fingerprint") != print_key:
+        log.info("Inputs changed since the stored run %s: starting it clean.", spec["run_name"])
+        fsys.delete_dir(run_path)
+        state = {}
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+    started = time.monotonic()
+    datasets = {name: _load_dataset(uri, options) for name, uri in spec["datasets"].items()}
+    rows = {name: ds.count() for name, ds in datasets.items()}
+    log.info("Loaded datasets %s in %.1fs", rows, time.monotonic() - started)
+    state = {"fingerprint": print_key, "mlflow_run_id": _start_mlflow_run(spec, state)}
+    _write_state(fsys, run_path, state)
+    mlflow_run_id = state["mlflow_run_id"]
+
+    scaling, ckpt, failure = spec["scaling"], spec.get("checkpoint", {}), spec.get("failure", {})
+    epochs = int(spec["config"].get("epochs", 5))
+    storage_scheme, storage_root = storage.split_uri(spec["storage_path"])
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config=spec["config"],
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=int(scaling.get("num_workers", 2)),
+            use_gpu=bool(scaling.get("use_gpu", False)),
+            resources_per_worker=scaling.get("resources_per_worker"),
+            placement_strategy=scaling.get("placement_strategy", "PACK"),
+        ),
+        run_config=ray.train.RunConfig(
+            name=spec["run_name"],
+            storage_path=storage_root,
+            storage_filesystem=storage.filesystem(spec["storage_path"], options) if storage_scheme != "file" else None,
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=ckpt.get("num_to_keep", 2),
+                checkpoint_score_attribute=ckpt.get("score_attribute", "test_loss"),
+                checkpoint_score_order=ckpt.get("score_order", "min"),
+            ),
+            failure_config=ray.train.FailureConfig(max_failures=int(failure.get("max_failures", 1))),
+            callbacks=[_mlflow_callback(spec["mlflow"]["tracking_uri"], mlflow_run_id, epochs)],
+        ),
+        datasets=datasets,
+    )
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=spec["mlflow"]["tracking_uri"])
+    try:
+        fit_started = time.monotonic()
+        result = trainer.fit()
+        fit_seconds = time.monotonic() - fit_started
+        if result.error:
+            raise result.error
+        best = result.get_best_checkpoint(ckpt.get("score_attribute", "test_loss"), ckpt.get("score_order", "min"))
+        best = best or result.checkpoint
+        if best is None:
+            raise RuntimeError(f"Training {spec['run_name']} finished without a checkpoint; nothing to log.")
+        example = _input_example(datasets["test" if "test" in datasets else "train"], spec["config"])
+        _log_model(spec, mlflow_run_id, best, example)
+        final = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+        for key in ("test_accuracy", "test_loss"):
+            if key in final:
+                client.log_metric(mlflow_run_id, f"final_{key}", float(final[key]))
+        client.log_metric(mlflow_run_id, "fit_seconds", fit_seconds)
+        client.set_terminated(mlflow_run_id, status="FINISHED")
+    except BaseException:
+        client.set_terminated(mlflow_run_id, status="FAILED")
+        raise
+    best_metrics = {}
+    for checkpoint, metrics in result.best_checkpoints:
+        if checkpoint.path == best.path:
+            best_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    prefix = "file://" if storage_scheme == "file" else f"{storage_scheme}://"
+    output = {
+        "mlflow_run_id": mlflow_run_id,
+        "tracking_uri": spec["mlflow"]["tracking_uri"],
+        "run_name": spec["run_name"],
+        "checkpoint_uri": prefix + best.path.lstrip("/") if storage_scheme != "file" else prefix + best.path,
+        "final_metrics": final,
+        "best_metrics": best_metrics,
+        "epochs_completed": int(final.get("epoch", epochs - 1)) + 1,
+        "rows": rows,
+        "fit_seconds": round(fit_seconds, 2),
+    }
+    _write_state(fsys, run_path, state | {"result": output})
+    return output
+
+
+def _input_example(dataset, config: dict[str, Any]):
+    import numpy as np
+
+    rows = dataset.take(3)
+    return np.array([[row[c] for c in config["feature_columns"]] for row in rows], dtype=np.float32)
+
+
+if __name__ == "__main__":
+    main(run)
