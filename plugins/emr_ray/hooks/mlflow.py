@@ -299,7 +299,7 @@ class MLflowHook(BaseHook):
         """
         Where the model that ``run`` logged under ``artifact_path`` lives: ``(source, model_id)``.
 
-        MLflow 3 logs models as *logged models* (``models:/<model_id>``) linked to the run; older
+        MLflow 3 logs models as *logged models* (``m-...`` ids) linked to the run; older
         runs keep an ``MLmodel`` under the run's artifacts. Both are accepted.
 
         :param run: the MLflow run.
@@ -308,7 +308,7 @@ class MLflowHook(BaseHook):
         """
         run_id = run.info.run_id
         with self.credentials():
-            candidates = []
+            candidates: list[Any] = []
             page_token = None
             while True:
                 page = self.client.search_logged_models(
@@ -322,7 +322,10 @@ class MLflowHook(BaseHook):
                     break
             if candidates:
                 latest = max(candidates, key=lambda m: (m.creation_timestamp or 0, m.model_id))
-                return f"models:/{latest.model_id}", latest.model_id
+                # The logged model's own artifact location, not "models:/<model_id>": MLflow's
+                # SQL registry store resolves the latter with a default-URI client (its own TODO),
+                # which would read, or create, a store other than this connection's.
+                return latest.artifact_location, latest.model_id
             try:
                 files = {f.path for f in self.client.list_artifacts(run_id, artifact_path)}
             except Exception:

@@ -89,7 +89,10 @@ def _start_mlflow_run(spec: dict[str, Any], state: dict[str, Any]) -> str:
         return run_id
     name = settings["experiment_name"]
     experiment = client.get_experiment_by_name(name)
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+    if experiment:
+        experiment_id = experiment.experiment_id
+    else:
+        experiment_id = client.create_experiment(name, artifact_location=settings.get("artifact_location"))
     tags = {**settings.get("tags", {}), "emr_ray.run_name": spec["run_name"]}
     run = client.create_run(experiment_id, run_name=spec["run_name"], tags=tags)
     params = {k: v for k, v in spec["config"].items() if not isinstance(v, (list, dict))}

@@ -21,9 +21,8 @@ from emr_ray.hooks.mlflow import MLflowHook
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
 
 if TYPE_CHECKING:
-    from mlflow.entities.model_registry import ModelVersion
-
     from airflow.sdk import Context
+    from mlflow.entities.model_registry import ModelVersion
 
 #: Scheme of the Airflow asset that stands for a registered MLflow model.
 ASSET_URI_PREFIX = "x-mlflow://models/"
@@ -291,7 +290,10 @@ class MLflowRegisterOperator(BaseOperator):
                 mv = existing
                 reused = True
                 self.log.info(
-                    "Version %s of %s was already registered from run %s; reusing it", mv.version, name, run_id
+                    "Version %s of %s was already registered from run %s; reusing it",
+                    mv.version,
+                    name,
+                    run_id,
                 )
             else:
                 source, model_id = hook.resolve_model_source(run, artifact_path)

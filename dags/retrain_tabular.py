@@ -1,0 +1,91 @@
+"""Daily retraining of the tabular MLP: wait for the raw partition, check the cluster, preprocess with
+Spark on Ray, train with Ray Train, register in MLflow and promote by alias only when better.
+
+The partition is the run's logical date (``ds``), or the ``partition`` param of a manual run.
+Storage locations come from Airflow Variables (``emr_ray_raw_uri``, ``emr_ray_staging_uri``,
+``emr_ray_checkpoint_uri``), so the same file runs on the embedded demo and on a real cluster.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param
+
+from emr_ray.operators.mlflow import MLflowRegisterOperator
+from emr_ray.operators.ray import RayConnectOperator
+from emr_ray.operators.raydp import RayDPSparkOperator
+from emr_ray.operators.torch import TorchTrainOperator
+from emr_ray.sensors.cos import COSSensor
+
+FEATURES = [f"f{i:02d}" for i in range(16)]
+LABEL = "label"
+PARTITION = "{{ params.partition or ds }}"
+RAW = "{{ var.value.get('emr_ray_raw_uri', 'cos://emr-ray-demo-1250000000/raw') }}"
+STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
+CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
+STAGED = f"{STAGING}/tabular/dt={PARTITION}"
+
+with DAG(
+    dag_id="retrain_tabular",
+    description="Retrain the tabular MLP on the day's partition and promote it if it beats the champion.",
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["emr-ray", "retraining", "tabular"],
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
+    params={
+        "partition": Param("", type="string", description="Partition date YYYY-MM-DD; empty means the logical date."),
+        "epochs": Param(5, type="integer", minimum=1, maximum=200),
+        "lr": Param(0.003, type="number", exclusiveMinimum=0),
+        "batch_size": Param(256, type="integer", minimum=8),
+        "num_workers": Param(2, type="integer", minimum=1, maximum=64),
+    },
+    doc_md=__doc__,
+) as dag:
+    wait_for_partition = COSSensor(
+        task_id="wait_for_partition",
+        bucket_key=f"{RAW}/dt={PARTITION}/_SUCCESS",
+        poke_interval=60,
+        timeout=6 * 3600,
+        mode="reschedule",
+    )
+    check_cluster = RayConnectOperator(task_id="check_cluster", min_ray_version="2.50", required_cpus=2)
+    preprocess = RayDPSparkOperator(
+        task_id="preprocess",
+        preprocess="include.preprocessing.tabular:standardize",
+        input_uri=RAW,
+        output_uri=f"{STAGING}/tabular",
+        partition=PARTITION,
+        config={"feature_columns": FEATURES, "label_column": LABEL, "required_columns": [*FEATURES, LABEL],
+                "test_fraction": 0.2, "seed": 42},  # fmt: skip
+        num_executors=1,
+        executor_cores=1,
+        executor_memory="1g",
+        execution_timeout=timedelta(minutes=30),
+    )
+    train = TorchTrainOperator(
+        task_id="train",
+        train_loop="include.models.tabular:train_loop",
+        datasets={"train": f"{STAGED}/train", "test": f"{STAGED}/test"},
+        storage_path=CHECKPOINTS,
+        config={"feature_columns": FEATURES, "label_column": LABEL, "epochs": "{{ params.epochs }}",
+                "lr": "{{ params.lr }}", "batch_size": "{{ params.batch_size }}", "hidden": 64},  # fmt: skip
+        num_workers="{{ params.num_workers }}",
+        use_gpu=False,
+        experiment_name="retrain_tabular",
+        execution_timeout=timedelta(hours=2),
+    )
+    register = MLflowRegisterOperator(
+        task_id="register",
+        model_name="tabular-mlp",
+        run_id="{{ ti.xcom_pull(task_ids='train')['mlflow_run_id'] }}",
+        metric="test_accuracy",
+        direction="max",
+        version_tags={"partition": PARTITION, "data_uri": STAGED},
+        description="tabular MLP trained on partition " + PARTITION,
+    )
+
+    wait_for_partition >> check_cluster >> preprocess >> train >> register

@@ -1,0 +1,138 @@
+"""TorchTrainOperator: distributed PyTorch training with Ray Train's TorchTrainer, run as a Ray job."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from emr_ray import storage
+from emr_ray.identity import TaskIdentity
+from emr_ray.operators.ray import RayJobOperator
+
+_ORDERS = ("min", "max")
+_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class TorchTrainOperator(RayJobOperator):
+    """Train a model with ``TorchTrainer`` on the cluster, feeding workers from staged Parquet via Ray Data.
+
+    The Ray Train run name and storage path come from the task instance, so an Airflow retry resumes
+    from the latest checkpoint in ``<storage_path>/checkpoints/<dag_id>/<run_id>/<task_id>``, and a
+    rerun of a finished training with the same inputs returns its stored result. One MLflow run per
+    training task gets the params, per-epoch metrics and the final model (``model``). The XCom:
+    ``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``, ``best_metrics``, ``epochs_completed``.
+
+    :param train_loop: import path of the per-worker loop, ``include.models.tabular:train_loop`` (templated).
+        Its module also provides ``build_model(config)`` and ``load_weights(model, checkpoint_dir)``.
+    :param datasets: named dataset URIs, e.g. ``{"train": ..., "test": ...}`` (templated).
+    :param config: hyperparameters passed to the loop (templated).
+    :param storage_path: root for checkpoints (``file://``, ``cos://``; templated).
+    :param num_workers: Ray Train workers (ScalingConfig; templated).
+    :param use_gpu: one GPU per worker (templated).
+    :param resources_per_worker: e.g. ``{"CPU": 1}`` (templated).
+    :param placement_strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (templated).
+    :param num_to_keep: checkpoints kept (CheckpointConfig).
+    :param score_attribute: metric that ranks checkpoints.
+    :param score_order: ``min`` or ``max``.
+    :param max_failures: worker-group restarts Ray Train may do from the last checkpoint (FailureConfig).
+    :param mlflow_conn_id: the ``mlflow`` connection the job logs to.
+    :param experiment_name: MLflow experiment (templated); default the DAG id.
+    """
+
+    template_fields: Sequence[str] = (
+        *RayJobOperator.template_fields, "train_loop", "datasets", "config", "storage_path", "num_workers",
+        "use_gpu", "resources_per_worker", "placement_strategy", "experiment_name",
+    )  # fmt: skip
+    template_fields_renderers = {**RayJobOperator.template_fields_renderers, "config": "json", "datasets": "json"}
+    job_module = "emr_ray.jobs.train"
+    ui_color = "#fbe3e8"
+
+    def __init__(
+        self,
+        *,
+        train_loop: str,
+        datasets: dict[str, str],
+        storage_path: str,
+        config: dict[str, Any] | None = None,
+        num_workers: int | str = 2,
+        use_gpu: bool | str = False,
+        resources_per_worker: dict[str, float] | None = None,
+        placement_strategy: str = "PACK",
+        num_to_keep: int = 2,
+        score_attribute: str = "test_loss",
+        score_order: str = "min",
+        max_failures: int = 1,
+        mlflow_conn_id: str = "mlflow_default",
+        experiment_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if score_order not in _ORDERS:
+            raise ValueError(f"score_order={score_order!r}: use 'min' (losses) or 'max' (accuracies).")
+        if num_to_keep is not None and num_to_keep < 1:
+            raise ValueError(f"num_to_keep={num_to_keep}: keep at least 1 checkpoint, or None to keep all.")
+        self.train_loop = train_loop
+        self.datasets = datasets
+        self.storage_path = storage_path
+        self.config = config or {}
+        self.num_workers = num_workers
+        self.use_gpu = use_gpu
+        self.resources_per_worker = resources_per_worker
+        self.placement_strategy = placement_strategy
+        self.num_to_keep = num_to_keep
+        self.score_attribute = score_attribute
+        self.score_order = score_order
+        self.max_failures = max_failures
+        self.mlflow_conn_id = mlflow_conn_id
+        self.experiment_name = experiment_name
+
+    def _scaling(self) -> dict[str, Any]:
+        """ScalingConfig's fields, checked before any cluster work."""
+        workers = int(self.num_workers)
+        use_gpu = str(self.use_gpu).lower() in ("true", "1", "yes")
+        resources = {k: float(v) for k, v in (self.resources_per_worker or {}).items()} or None
+        if workers < 1:
+            raise ValueError(f"num_workers={workers}: Ray Train needs at least 1 worker.")
+        if self.placement_strategy not in _STRATEGIES:
+            raise ValueError(f"placement_strategy={self.placement_strategy!r}: use one of {', '.join(_STRATEGIES)}.")
+        if use_gpu and resources and resources.get("GPU", 1) == 0:
+            raise ValueError("use_gpu=True with resources_per_worker GPU=0: drop GPU from resources_per_worker.")
+        if not use_gpu and resources and resources.get("GPU", 0) > 0:
+            raise ValueError("resources_per_worker asks for GPUs but use_gpu=False: set use_gpu=True.")
+        return {"num_workers": workers, "use_gpu": use_gpu, "resources_per_worker": resources,
+                "placement_strategy": self.placement_strategy}  # fmt: skip
+
+    def build_spec(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
+        from emr_ray.hooks.mlflow import MLflowHook
+
+        if not self.datasets or "train" not in self.datasets:
+            raise ValueError("datasets must name a 'train' URI (and usually 'test').")
+        for uri in (*self.datasets.values(), self.storage_path):
+            storage.split_uri(uri)
+        mlflow_settings = MLflowHook(self.mlflow_conn_id).job_settings()
+        return {
+            "train_loop": self.train_loop,
+            "datasets": dict(self.datasets),
+            "config": dict(self.config),
+            "scaling": self._scaling(),
+            "checkpoint": {"num_to_keep": self.num_to_keep, "score_attribute": self.score_attribute,
+                           "score_order": self.score_order},  # fmt: skip
+            "failure": {"max_failures": int(self.max_failures)},
+            "run_name": identity.run_name,
+            "storage_path": identity.checkpoint_path(self.storage_path),
+            "mlflow": {
+                "tracking_uri": mlflow_settings["tracking_uri"],
+                "registry_uri": mlflow_settings.get("registry_uri"),
+                "artifact_location": mlflow_settings.get("artifact_location"),
+                "experiment_name": self.experiment_name or identity.dag_id,
+                "tags": identity.tags() | {"partition": str(context.get("ds", ""))},
+            },
+        }
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        result = super().execute(context)
+        for epoch_metric in ("test_accuracy", "test_loss"):
+            if epoch_metric in result.get("final_metrics", {}):
+                self.log.info("Final %s: %.4f", epoch_metric, result["final_metrics"][epoch_metric])
+        self.log.info("MLflow run %s, best checkpoint %s", result.get("mlflow_run_id"), result.get("checkpoint_uri"))
+        return result

@@ -1,0 +1,146 @@
+"""``COSSensor``: wait for objects in Tencent COS, with the semantics users know from ``S3KeySensor``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+
+from emr_ray.hooks.cos import COSHook, match_keys
+from emr_ray.triggers.cos import COSKeyTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class COSSensor(BaseSensorOperator):
+    """Wait until one or more COS objects exist (optionally matching a pattern and passing ``check_fn``).
+
+    Poke, reschedule and deferrable modes give the same answers: they share one matcher
+    (:func:`emr_ray.hooks.cos.match_keys`). The task's XCom is the list of matching objects
+    (``Bucket``, ``Key``, ``Url`` and the requested ``metadata_keys``).
+
+    :param bucket_key: a key or a list of keys, each a ``cos://bucket/key`` URL or relative to
+        ``bucket_name``; patterns when ``wildcard_match`` or ``use_regex`` (templated).
+    :param bucket_name: the bucket of relative keys; defaults to the connection's ``bucket`` (templated).
+    :param wildcard_match: treat keys as fnmatch patterns (``raw/dt=*/_SUCCESS``).
+    :param use_regex: treat keys as regular expressions, matched from the key's start.
+    :param check_fn: ``check_fn(objects, **context) -> bool``; the sensor succeeds only when it returns True.
+    :param metadata_keys: metadata reported per object: ``Size`` (default), ``ETag``, ``LastModified``,
+        any header (``Content-Type``, ``x-cos-meta-owner``), or ``*`` for all.
+    :param cos_conn_id: the ``cos`` connection.
+    :param deferrable: wait in the triggerer instead of a worker slot.
+    """
+
+    template_fields: Sequence[str] = ("bucket_key", "bucket_name")
+    ui_color = "#00a3ff"
+
+    def __init__(
+        self,
+        *,
+        bucket_key: str | list[str],
+        bucket_name: str | None = None,
+        wildcard_match: bool = False,
+        use_regex: bool = False,
+        check_fn: Callable[..., bool] | None = None,
+        metadata_keys: list[str] | None = None,
+        cos_conn_id: str = COSHook.default_conn_name,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if wildcard_match and use_regex:
+            raise ValueError("COSSensor: set wildcard_match or use_regex, not both.")
+        self.bucket_key = bucket_key
+        self.bucket_name = bucket_name
+        self.wildcard_match = wildcard_match
+        self.use_regex = use_regex
+        self.check_fn = check_fn
+        self.metadata_keys = metadata_keys
+        self.cos_conn_id = cos_conn_id
+        self.deferrable = deferrable
+
+    @cached_property
+    def hook(self) -> COSHook:
+        return COSHook(cos_conn_id=self.cos_conn_id)
+
+    @property
+    def _keys(self) -> list[str]:
+        return [self.bucket_key] if isinstance(self.bucket_key, str) else list(self.bucket_key)
+
+    def _match(self) -> tuple[bool, list[dict[str, Any]]]:
+        return match_keys(
+            self.hook,
+            self._keys,
+            self.bucket_name,
+            wildcard_match=self.wildcard_match,
+            use_regex=self.use_regex,
+            metadata_keys=self.metadata_keys,
+        )
+
+    def _accept(self, objects: list[dict[str, Any]], context: Context) -> bool:
+        if self.check_fn is None:
+            return True
+        return bool(self.check_fn(objects, **context))
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        self.log.info("Poking for %s (bucket %s)", self._keys, self.bucket_name or "from connection")
+        found, objects = self._match()
+        done = found and self._accept(objects, context)
+        return PokeReturnValue(is_done=done, xcom_value=objects if done else None)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        # the objects may already be there: no need to defer
+        found, objects = self._match()
+        if found and self._accept(objects, context):
+            return objects
+        self._defer(datetime.now(UTC) + timedelta(seconds=self.timeout))
+
+    def _defer(self, deadline: datetime) -> None:
+        remaining = (deadline - datetime.now(UTC)).total_seconds()
+        if remaining <= 0:
+            self._give_up(f"COSSensor timed out waiting for {self._keys}.")
+        self.defer(
+            trigger=COSKeyTrigger(
+                bucket_keys=self._keys,
+                bucket_name=self.bucket_name,
+                wildcard_match=self.wildcard_match,
+                use_regex=self.use_regex,
+                metadata_keys=self.metadata_keys,
+                cos_conn_id=self.cos_conn_id,
+                poke_interval=self.poke_interval,
+            ),
+            method_name="execute_complete",
+            kwargs={"deadline": deadline.isoformat()},
+            timeout=timedelta(seconds=remaining),
+        )
+
+    def execute_complete(
+        self, context: Context, event: dict[str, Any] | None = None, deadline: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Resume after the trigger fired: succeed, fail (or skip when ``soft_fail``), or wait again."""
+        if not event or event.get("status") != "success":
+            message = (event or {}).get("message", "no event from the trigger")
+            raise AirflowException(f"COSSensor failed waiting for {self._keys}: {message}")
+        objects = event.get("objects", [])
+        if self._accept(objects, context):
+            return objects
+        self.log.info("check_fn rejected %d object(s); waiting again", len(objects))
+        end = (
+            datetime.fromisoformat(deadline)
+            if deadline
+            else datetime.now(UTC) + timedelta(seconds=self.timeout)
+        )
+        self._defer(end)
+        return objects  # not reached: _defer raises
+
+    def _give_up(self, message: str) -> None:
+        if self.soft_fail:
+            raise AirflowSkipException(message)
+        raise AirflowException(message)

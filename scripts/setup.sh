@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv if missing and install the pinned stack (torch first: its CPU wheel), then this package.
+# Re-runs only when a requirements/constraints/pyproject file changed (a stamp holds their hash).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+VENV=.venv
+hash=$(cat requirements.txt requirements-dev.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+stamp="$VENV/.installed-$hash"
+if [ -f "$stamp" ]; then exit 0; fi
+echo "==> Installing the pinned stack into $VENV (first time: about 5 minutes)"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --disable-pip-version-check -U pip
+"$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0
+"$VENV/bin/pip" install -q --disable-pip-version-check -c constraints.txt -r requirements-dev.txt
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
+java -version >/dev/null 2>&1 || { echo "Java 17 is required for Spark (RayDP): install a JDK 17 and put java on PATH." >&2; exit 1; }
+rm -f "$VENV"/.installed-*
+touch "$stamp"

@@ -1,0 +1,279 @@
+"""MLflowRegisterOperator against a real MLflow store, run inside real ``dag.test()`` DAG runs.
+
+Every test uses its own registered model name, so the session-wide store can be shared.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from emr_ray.exceptions import MLflowRegistryError
+from emr_ray.operators.mlflow import MLflowRegisterOperator, mlflow_model_asset
+
+from tests.fixtures.mlflow import MLflowStore, log_torch_run, use_tracking_uri
+
+pytestmark = pytest.mark.integration
+
+_DAG_FILE = """
+import pendulum
+from airflow.sdk import DAG
+from emr_ray.operators.mlflow import MLflowRegisterOperator
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False) as dag:
+    MLflowRegisterOperator(
+        task_id="register",
+        run_id="{{{{ dag_run.conf['mlflow_run_id'] }}}}",
+        version_tags={{"data_uri": "file:///data/{{{{ ds }}}}"}},
+        description="from {{{{ dag.dag_id }}}} {{{{ ds }}}}",
+        **{kwargs!r},
+    )
+"""
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """The Airflow metadata DB of the test AIRFLOW_HOME, migrated (idempotent, a few seconds)."""
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+
+
+class DagRunner:
+    """Writes a one-task DAG file into a temporary DAGs folder and runs it with ``dag.test()``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def run(self, dag_id: str, mlflow_run_id: str, **op_kwargs: Any) -> tuple[Any, dict | None]:
+        """Run the DAG once; return the DAG run and the register task's XCom (None if it failed)."""
+        import importlib.util
+
+        path = self.folder / f"{dag_id}.py"
+        if not path.exists():
+            path.write_text(textwrap.dedent(_DAG_FILE.format(dag_id=dag_id, kwargs=op_kwargs)))
+        spec = importlib.util.spec_from_file_location(f"_test_dag_{dag_id}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        dag_run = module.dag.test(run_conf={"mlflow_run_id": mlflow_run_id})
+        return dag_run, xcoms(dag_id, dag_run.run_id).get("return_value")
+
+
+def xcoms(dag_id: str, run_id: str, task_id: str = "register") -> dict[str, Any]:
+    """All XComs of one task instance, deserialized."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(XComModel.key, XComModel.value).where(
+                XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.task_id == task_id
+            )
+        ).all()
+    return {key: _decode(value) for key, value in rows}
+
+
+def _decode(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:  # extra links are stored as plain strings
+        return value
+
+
+@pytest.fixture
+def runner(
+    airflow_db, mlflow_conn: MLflowStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[DagRunner]:
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    from airflow import settings
+
+    monkeypatch.setenv("AIRFLOW__CORE__DAGS_FOLDER", str(folder))
+    monkeypatch.setattr(settings, "DAGS_FOLDER", str(folder))
+    # Airflow imports every .py under the plugins folder as a top-level module named after the
+    # file, so plugins/emr_ray/hooks/mlflow.py would replace sys.modules["mlflow"]. Until
+    # plugins/.airflowignore excludes emr_ray/, keep these DAG runs off the plugins folder.
+    empty = tmp_path / "plugins"
+    empty.mkdir()
+    monkeypatch.setenv("AIRFLOW__CORE__PLUGINS_FOLDER", str(empty))
+    monkeypatch.setattr(settings, "PLUGINS_FOLDER", str(empty))
+    yield DagRunner(folder)
+    import mlflow
+
+    assert mlflow.__file__ and "site-packages" in mlflow.__file__, (
+        f"sys.modules['mlflow'] is {mlflow.__file__}: Airflow loaded a plugins-folder file named mlflow.py"
+    )
+
+
+def _versions(store: MLflowStore, name: str) -> list:
+    import mlflow
+
+    return mlflow.MlflowClient(store.tracking_uri).search_model_versions(f"name = '{name}'")
+
+
+def test_champion_challenger_lifecycle(runner: DagRunner, mlflow_conn: MLflowStore) -> None:
+    """First version becomes champion, a better one is promoted, a worse one is only challenger,
+    a rerun of the same MLflow run registers nothing new, and ``@champion`` loads and predicts."""
+    name = "lifecycle_model"
+    exp = "lifecycle"
+    first = log_torch_run(mlflow_conn, experiment=exp, test_accuracy=0.80, seed=1)
+    better = log_torch_run(mlflow_conn, experiment=exp, test_accuracy=0.90, seed=2)
+    worse = log_torch_run(mlflow_conn, experiment=exp, test_accuracy=0.85, seed=3)
+    kwargs = {"model_name": name}
+
+    dag_run, r1 = runner.run("register_lifecycle", first, **kwargs)
+    assert dag_run.state == "success"
+    assert r1 is not None
+    assert r1["version"] == "1" and r1["promoted"] is True and r1["champion_value_before"] is None
+    assert r1["aliases"] == ["challenger", "champion"]
+    assert r1["model_uri"] == f"models:/{name}/1" and r1["value"] == pytest.approx(0.80)
+
+    _, r2 = runner.run("register_lifecycle", better, **kwargs)
+    assert r2 is not None
+    assert (r2["version"], r2["promoted"], r2["champion_value_before"]) == ("2", True, pytest.approx(0.80))
+    assert r2["aliases"] == ["challenger", "champion"]
+
+    _, r3 = runner.run("register_lifecycle", worse, **kwargs)
+    assert r3 is not None
+    assert (r3["version"], r3["promoted"], r3["champion_value_before"]) == ("3", False, pytest.approx(0.90))
+    assert r3["aliases"] == ["challenger"]
+
+    # A rerun for the same MLflow run (a retry, or the same partition again) reuses version 3.
+    _, r4 = runner.run("register_lifecycle", worse, **kwargs)
+    assert r4 is not None
+    assert (r4["version"], r4["reused"], r4["promoted"]) == ("3", True, False)
+    assert len(_versions(mlflow_conn, name)) == 3
+
+    import mlflow
+
+    client = mlflow.MlflowClient(mlflow_conn.tracking_uri)
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "2"
+    assert str(client.get_model_version_by_alias(name, "challenger").version) == "3"
+    tags = client.get_model_version(name, "2").tags
+    assert tags["airflow.dag_id"] == "register_lifecycle"
+    assert tags["airflow.task_id"] == "register"
+    assert tags["airflow.run_id"].startswith("manual__")
+    assert len(tags["partition"]) == 10  # ds, YYYY-MM-DD
+    assert tags["data_uri"] == f"file:///data/{tags['partition']}"
+    assert client.get_model_version(name, "2").description == f"from register_lifecycle {tags['partition']}"
+
+    import numpy as np
+    import torch
+
+    with use_tracking_uri(mlflow_conn.tracking_uri):
+        model = mlflow.pytorch.load_model(f"models:/{name}@champion")
+    x = np.ones((3, 4), dtype=np.float32)
+    prediction = model(torch.from_numpy(x)).detach().numpy()
+    torch.manual_seed(2)
+    expected = torch.nn.Linear(4, 2)(torch.from_numpy(x)).detach().numpy()
+    assert prediction.shape == (3, 2)
+    np.testing.assert_allclose(prediction, expected, rtol=1e-5)
+
+
+def test_min_improvement_and_direction(runner: DagRunner, mlflow_conn: MLflowStore) -> None:
+    name = "gate_model"
+    base = log_torch_run(mlflow_conn, experiment="gate", test_accuracy=0.30)
+    slightly_lower = log_torch_run(mlflow_conn, experiment="gate", test_accuracy=0.29)
+    much_lower = log_torch_run(mlflow_conn, experiment="gate", test_accuracy=0.10)
+    kwargs = {"model_name": name, "direction": "min", "min_improvement": 0.05}
+    _, r1 = runner.run("register_gate", base, **kwargs)
+    _, r2 = runner.run("register_gate", slightly_lower, **kwargs)
+    _, r3 = runner.run("register_gate", much_lower, **kwargs)
+    assert [r["promoted"] for r in (r1, r2, r3)] == [True, False, True]  # type: ignore[index]
+    assert r3["champion_value_before"] == pytest.approx(0.30)  # type: ignore[index]
+
+
+def test_register_only_if_better_skips_worse(runner: DagRunner, mlflow_conn: MLflowStore) -> None:
+    name = "only_better_model"
+    good = log_torch_run(mlflow_conn, experiment="only_better", test_accuracy=0.9)
+    bad = log_torch_run(mlflow_conn, experiment="only_better", test_accuracy=0.5)
+    kwargs = {"model_name": name, "register_only_if_better": True}
+    _, r1 = runner.run("register_only_better", good, **kwargs)
+    _, r2 = runner.run("register_only_better", bad, **kwargs)
+    assert r1 is not None and r1["version"] == "1"
+    assert r2 is not None and r2["version"] is None and r2["promoted"] is False
+    assert len(_versions(mlflow_conn, name)) == 1
+
+
+def test_failed_run_is_refused(mlflow_conn: MLflowStore) -> None:
+    name = "failed_run_model"
+    failed = log_torch_run(mlflow_conn, experiment="failed", test_accuracy=0.99, status="FAILED")
+    op = MLflowRegisterOperator(task_id="register", model_name=name, run_id=failed)
+    with pytest.raises(MLflowRegistryError, match=rf"{failed}.*FAILED.*no model is registered from a failed"):
+        op.execute(context={})  # type: ignore[arg-type]
+    import mlflow
+
+    assert mlflow.MlflowClient(mlflow_conn.tracking_uri).search_registered_models(f"name = '{name}'") == []
+
+
+def test_failed_run_fails_the_task_in_a_dag_run(runner: DagRunner, mlflow_conn: MLflowStore) -> None:
+    name = "failed_in_dag_model"
+    failed = log_torch_run(mlflow_conn, experiment="failed", test_accuracy=0.99, status="FAILED")
+    dag_run, result = runner.run("register_failed", failed, model_name=name)
+    assert dag_run.state == "failed"
+    assert result is None
+    assert _versions(mlflow_conn, name) == []
+
+
+def test_missing_metric_and_missing_run_are_refused(mlflow_conn: MLflowStore) -> None:
+    no_metric = log_torch_run(mlflow_conn, experiment="no_metric", test_accuracy=None)
+    op = MLflowRegisterOperator(task_id="register", model_name="no_metric_model", run_id=no_metric)
+    with pytest.raises(MLflowRegistryError, match=r"has no metric 'test_accuracy'.*set metric="):
+        op.execute(context={})  # type: ignore[arg-type]
+    op = MLflowRegisterOperator(task_id="register", model_name="no_metric_model", run_id="0" * 32)
+    with pytest.raises(MLflowRegistryError, match=r"not found"):
+        op.execute(context={})  # type: ignore[arg-type]
+
+
+def test_bad_arguments_fail_early() -> None:
+    with pytest.raises(ValueError, match="use 'max' or 'min'"):
+        MLflowRegisterOperator(task_id="t", model_name="m", run_id="r", direction="up")
+    with pytest.raises(ValueError, match="must be >= 0"):
+        MLflowRegisterOperator(task_id="t", model_name="m", run_id="r", min_improvement=-1)
+
+
+def test_asset_event_and_links(runner: DagRunner, mlflow_conn: MLflowStore, monkeypatch) -> None:
+    """A static model name makes the model an outlet asset whose event carries version and metric;
+    with a UI URL the run and model version links are stored for the UI."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MLFLOW_DEFAULT", mlflow_conn.connection(ui_url="http://mlflow.test:5000/")
+    )
+    name = "asset model"
+    run_id = log_torch_run(mlflow_conn, experiment="asset", test_accuracy=0.7)
+    op = MLflowRegisterOperator(task_id="x", model_name=name, run_id="r")
+    assert mlflow_model_asset(name) in op.outlets
+    assert MLflowRegisterOperator(task_id="y", model_name="{{ params.m }}", run_id="r").outlets == []
+
+    dag_run, result = runner.run("register_asset", run_id, model_name=name)
+    assert dag_run.state == "success" and result is not None
+    links = xcoms("register_asset", dag_run.run_id)
+    assert (
+        links["_link_MLflowModelVersionLink"] == "http://mlflow.test:5000/#/models/asset%20model/versions/1"
+    )
+    assert links["_link_MLflowRunLink"].startswith("http://mlflow.test:5000/#/experiments/")
+    assert links["_link_MLflowRunLink"].endswith(f"/runs/{run_id}")
+
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        extras = session.scalars(
+            select(AssetEvent.extra)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(
+                AssetModel.uri == f"x-mlflow://models/{name}",
+                AssetEvent.source_run_id == dag_run.run_id,
+            )
+        ).all()
+    assert len(extras) == 1
+    assert extras[0]["version"] == "1" and extras[0]["value"] == pytest.approx(0.7)
+    assert extras[0]["promoted"] is True and extras[0]["model_uri"] == f"models:/{name}/1"
