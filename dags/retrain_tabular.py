@@ -12,7 +12,6 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG, Param
-
 from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
@@ -37,7 +36,9 @@ with DAG(
     tags=["emr-ray", "retraining", "tabular"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
-        "partition": Param("", type="string", description="Partition date YYYY-MM-DD; empty means the logical date."),
+        "partition": Param(
+            "", type="string", description="Partition date YYYY-MM-DD; empty means the logical date."
+        ),
         "epochs": Param(5, type="integer", minimum=1, maximum=200),
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "batch_size": Param(256, type="integer", minimum=8),
@@ -59,8 +60,13 @@ with DAG(
         input_uri=RAW,
         output_uri=f"{STAGING}/tabular",
         partition=PARTITION,
-        config={"feature_columns": FEATURES, "label_column": LABEL, "required_columns": [*FEATURES, LABEL],
-                "test_fraction": 0.2, "seed": 42},  # fmt: skip
+        config={
+            "feature_columns": FEATURES,
+            "label_column": LABEL,
+            "required_columns": [*FEATURES, LABEL],
+            "test_fraction": 0.2,
+            "seed": 42,
+        },  # fmt: skip
         num_executors=1,
         executor_cores=1,
         executor_memory="1g",
@@ -71,8 +77,14 @@ with DAG(
         train_loop="include.models.tabular:train_loop",
         datasets={"train": f"{STAGED}/train", "test": f"{STAGED}/test"},
         storage_path=CHECKPOINTS,
-        config={"feature_columns": FEATURES, "label_column": LABEL, "epochs": "{{ params.epochs }}",
-                "lr": "{{ params.lr }}", "batch_size": "{{ params.batch_size }}", "hidden": 64},  # fmt: skip
+        config={
+            "feature_columns": FEATURES,
+            "label_column": LABEL,
+            "epochs": "{{ params.epochs }}",
+            "lr": "{{ params.lr }}",
+            "batch_size": "{{ params.batch_size }}",
+            "hidden": 64,
+        },  # fmt: skip
         num_workers="{{ params.num_workers }}",
         use_gpu=False,
         experiment_name="retrain_tabular",

@@ -67,7 +67,11 @@ def summary(stack: LocalStack, date: str) -> None:
     print("    rows out            " + ", ".join(f"{k}={v['rows']}" for k, v in manifest["outputs"].items()))
     if latest:
         run = client.get_run(latest.run_id)
-        metrics = {k: round(v, 4) for k, v in run.data.metrics.items() if k.startswith(("test_", "final_", "train_loss"))}
+        metrics = {
+            k: round(v, 4)
+            for k, v in run.data.metrics.items()
+            if k.startswith(("test_", "final_", "train_loss"))
+        }
         print(f"    model               {MODEL} version {latest.version}  (run {latest.run_id})")
         print(f"    metrics             {json.dumps(metrics)}")
         print(f"    aliases             {json.dumps(aliases)}")
@@ -75,8 +79,12 @@ def summary(stack: LocalStack, date: str) -> None:
               f"dag_run={latest.tags.get('airflow.run_id')}")  # fmt: skip
     print("\n==> Where to look")
     print(f"    MLflow store        {stack.tracking_uri}")
-    print(f"    MLflow UI           .venv/bin/mlflow ui --backend-store-uri {stack.tracking_uri} --host 127.0.0.1")
-    print(f"    Ray dashboard       {stack.ray.dashboard_url if stack.ray else ''} (while the demo runs, inside its namespace)")
+    print(
+        f"    MLflow UI           .venv/bin/mlflow ui --backend-store-uri {stack.tracking_uri} --host 127.0.0.1"
+    )
+    print(
+        f"    Ray dashboard       {stack.ray.dashboard_url if stack.ray else ''} (while the demo runs, inside its namespace)"
+    )
     print(f"    staged data         {stack.staging_uri}/tabular/dt={date}")
     print(f"    full Airflow log    {stack.root / 'dags_test.log'}")
 

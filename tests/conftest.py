@@ -7,11 +7,21 @@ subprocess a test starts) sees the same isolated Airflow home and never the user
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("EMR_RAY_TEST_STATE", REPO_ROOT / ".state" / "tests")).resolve()
+if os.environ.get("PYTEST_XDIST_WORKER") is None and STATE.exists():
+    from emr_ray.local.ray_head import stop_head  # a crashed earlier session may have left its head
+
+    if (STATE / "ray").exists():
+        stop_head(STATE / "ray")
+    shutil.rmtree(STATE, ignore_errors=True)
 STATE.mkdir(parents=True, exist_ok=True)
 
 os.environ.setdefault("AIRFLOW_HOME", str(STATE / "airflow"))
@@ -25,9 +35,20 @@ os.environ.pop("MLFLOW_TRACKING_URI")
 for path in (REPO_ROOT, REPO_ROOT / "plugins"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(
+    os.pathsep
+)
 
 pytest_plugins = [
     "tests.fixtures.cos",
     "tests.fixtures.mlflow",
     "tests.fixtures.ray",
 ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def airflow_db() -> Path:
+    """A migrated SQLite metadata DB in the session's Airflow home (``airflow db migrate``, once)."""
+    airflow = Path(sys.executable).with_name("airflow")
+    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True)
+    return Path(os.environ["AIRFLOW_HOME"])

@@ -18,7 +18,9 @@ def standardize(df, config: dict[str, Any]) -> dict[str, Any]:
     test_fraction = float(config.get("test_fraction", 0.2))
     seed = int(config.get("seed", 42))
     train, test = df.randomSplit([1.0 - test_fraction, test_fraction], seed=seed)
-    aggregates = [F.mean(c).alias(f"{c}__mean") for c in features] + [F.stddev_pop(c).alias(f"{c}__std") for c in features]
+    aggregates = [F.mean(c).alias(f"{c}__mean") for c in features] + [
+        F.stddev_pop(c).alias(f"{c}__std") for c in features
+    ]
     stats = train.agg(*aggregates).first().asDict()
 
     def scaled(part):

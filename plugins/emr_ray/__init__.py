@@ -8,6 +8,7 @@ Cluster side: ``jobs`` (runs on Ray workers, never imports Airflow). Shared by b
 from __future__ import annotations
 
 __version__ = "0.1.0"
+_TEXT = {"type": ["string", "null"]}
 
 
 def get_provider_info() -> dict:
@@ -18,9 +19,72 @@ def get_provider_info() -> dict:
         "description": "Ray (Jobs API), RayDP Spark, Ray Train, MLflow model registry and Tencent COS.",
         "versions": [__version__],
         "connection-types": [
-            {"connection-type": "ray", "hook-class-name": "emr_ray.hooks.ray.RayHook"},
-            {"connection-type": "cos", "hook-class-name": "emr_ray.hooks.cos.COSHook"},
-            {"connection-type": "mlflow", "hook-class-name": "emr_ray.hooks.mlflow.MLflowHook"},
+            {
+                "connection-type": "ray",
+                "hook-class-name": "emr_ray.hooks.ray.RayHook",
+                "hook-name": "Ray",
+                "conn-fields": {
+                    "verify": {
+                        "label": "Verify TLS",
+                        "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                    "headers": {"label": "Extra HTTP headers (JSON)", "schema": {"type": ["object", "null"]}},
+                    "runtime_env": {
+                        "label": "Default runtime_env (JSON)",
+                        "schema": {"type": ["object", "null"]},
+                    },
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "login", "port"],
+                    "relabeling": {
+                        "host": "Dashboard address (http://head:8265 or auto)",
+                        "password": "Auth token",
+                    },
+                    "placeholders": {"host": "http://127.0.0.1:8265"},
+                },
+            },
+            {
+                "connection-type": "cos",
+                "hook-class-name": "emr_ray.hooks.cos.COSHook",
+                "hook-name": "Tencent COS",
+                "conn-fields": {
+                    "region": {
+                        "label": "Region",
+                        "schema": _TEXT,
+                        "description": "e.g. ap-guangzhou (required)",
+                    },
+                    "bucket": {"label": "Default bucket", "schema": _TEXT, "description": "name-APPID"},
+                    "scheme": {"label": "Scheme", "schema": {"type": ["string", "null"], "default": "https"}},
+                    "endpoint": {
+                        "label": "Endpoint",
+                        "schema": _TEXT,
+                        "description": "host:port of a private endpoint",
+                    },
+                    "token": {
+                        "label": "Session token",
+                        "schema": {"type": ["string", "null"], "format": "password"},
+                    },
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["host", "schema", "port"],
+                    "relabeling": {"login": "SecretId", "password": "SecretKey"},
+                },
+            },
+            {
+                "connection-type": "mlflow",
+                "hook-class-name": "emr_ray.hooks.mlflow.MLflowHook",
+                "hook-name": "MLflow",
+                "conn-fields": {
+                    "token": {
+                        "label": "Bearer token",
+                        "schema": {"type": ["string", "null"], "format": "password"},
+                    },
+                    "registry_uri": {"label": "Registry URI (if different)", "schema": _TEXT},
+                    "artifact_location": {"label": "Artifact root for new experiments", "schema": _TEXT},
+                    "ui_url": {"label": "UI URL for links", "schema": _TEXT},
+                },
+                "ui-field-behaviour": {"relabeling": {"host": "Tracking URI or host"}},
+            },
         ],
         "hooks": [
             {"integration-name": "Ray", "python-modules": ["emr_ray.hooks.ray"]},
@@ -39,8 +103,10 @@ def get_provider_info() -> dict:
             {"integration-name": "MLflow", "python-modules": ["emr_ray.operators.mlflow"]},
         ],
         "sensors": [{"integration-name": "Tencent COS", "python-modules": ["emr_ray.sensors.cos"]}],
+        "triggers": [{"integration-name": "Tencent COS", "python-modules": ["emr_ray.triggers.cos"]}],
         "extra-links": [
             "emr_ray.links.ray.RayJobLink",
             "emr_ray.links.mlflow.MLflowRunLink",
+            "emr_ray.links.mlflow.MLflowModelVersionLink",
         ],
     }

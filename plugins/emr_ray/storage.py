@@ -46,7 +46,9 @@ class StorageOptions:
 def validate_partition(partition: str) -> str:
     """Check a partition is an ISO date (``YYYY-MM-DD``) and return it."""
     if not isinstance(partition, str) or not _PARTITION_RE.match(partition):
-        raise StorageError(f"Partition {partition!r} is not a date like 2026-11-28; pass ds, e.g. '{{{{ ds }}}}'.")
+        raise StorageError(
+            f"Partition {partition!r} is not a date like 2026-11-28; pass ds, e.g. '{{{{ ds }}}}'."
+        )
     try:
         dt.date.fromisoformat(partition)
     except ValueError as e:
@@ -65,7 +67,7 @@ def split_uri(uri: str) -> tuple[str, str]:
             + " (for example cos://bucket/prefix or file:///abs/path)."
         )
     if scheme == "file":
-        if not parsed.path.startswith("/"):
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
             raise StorageError(f"URI {uri!r} must be absolute: file:///abs/path.")
         return scheme, parsed.path.rstrip("/") or "/"
     if not parsed.netloc:
@@ -151,7 +153,9 @@ def staging_uri(final_uri: str) -> str:
     return join(parent, f"_tmp_{name}_{uuid.uuid4().hex[:12]}")
 
 
-def commit(tmp_uri: str, final_uri: str, manifest: dict[str, Any], options: StorageOptions | None = None) -> None:
+def commit(
+    tmp_uri: str, final_uri: str, manifest: dict[str, Any], options: StorageOptions | None = None
+) -> None:
     """Replace ``final_uri`` by the fully written ``tmp_uri``: manifest, then ``_SUCCESS``, then move.
 
     On a local filesystem the move is a rename; on object storage each object is copied, and the
@@ -172,7 +176,9 @@ def commit(tmp_uri: str, final_uri: str, manifest: dict[str, Any], options: Stor
         fsys.move(tmp, final)
         return
     infos = fsys.get_file_info(pafs.FileSelector(tmp, recursive=True))
-    files = sorted((i.path for i in infos if i.type == pafs.FileType.File), key=lambda p: p.endswith(SUCCESS_MARKER))
+    files = sorted(
+        (i.path for i in infos if i.type == pafs.FileType.File), key=lambda p: p.endswith(SUCCESS_MARKER)
+    )
     for src in files:
         fsys.copy_file(src, final + src[len(tmp) :])
     fsys.delete_dir(tmp)

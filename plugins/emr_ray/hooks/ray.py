@@ -31,7 +31,7 @@ def _auto_address() -> tuple[str, str | None]:
     """The local head's dashboard URL and token, found as ``ray.init(address="auto")`` finds a head."""
     url = os.environ.get("RAY_DASHBOARD_ADDRESS") or os.environ.get("RAY_API_SERVER_ADDRESS")
     if not url:
-        tmp = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
+        tmp = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray")) / "ray_current_cluster"
         if not tmp.exists():
             raise RayClusterError(
                 "Ray connection host is 'auto' but no local Ray head was found "
@@ -119,7 +119,9 @@ class RayHook(BaseHook):
             timeout=self.timeout,
         )
 
-    def _request(self, method: str, path: str, *, allow_404: bool = False, **kwargs: Any) -> httpx.Response | None:
+    def _request(
+        self, method: str, path: str, *, allow_404: bool = False, **kwargs: Any
+    ) -> httpx.Response | None:
         """One HTTP call, with connection and auth failures turned into messages that say the fix."""
         try:
             response = self.client.request(method, path, **kwargs)
@@ -170,10 +172,14 @@ class RayHook(BaseHook):
             raylet = node.get("raylet", {})
             if raylet.get("state") != "ALIVE":
                 continue
-            nodes.append({"node_id": raylet.get("nodeId"), "ip": raylet.get("nodeManagerAddress") or node.get("ip")})
+            nodes.append(
+                {"node_id": raylet.get("nodeId"), "ip": raylet.get("nodeManagerAddress") or node.get("ip")}
+            )
             for key, value in (raylet.get("resourcesTotal") or {}).items():
                 total[key] = total.get(key, 0.0) + float(value)
-            for key, value in (raylet.get("resourcesAvailable") or raylet.get("resourcesTotal") or {}).items():
+            for key, value in (
+                raylet.get("resourcesAvailable") or raylet.get("resourcesTotal") or {}
+            ).items():
                 available[key] = available.get(key, 0.0) + float(value)
         return {"total": total, "available": available, "nodes": nodes}
 

@@ -35,7 +35,9 @@ def main(run: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None
     group.add_argument("--spec", help="a JSON spec file (for running a job by hand)")
     parser.add_argument("--result-file", help="also write the result JSON here")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
+    )
     if args.spec:
         with open(args.spec) as f:
             spec = json.load(f)

@@ -23,7 +23,9 @@ _ADD_OPENS = [
     "java.util", "java.util.concurrent", "java.util.concurrent.atomic", "sun.nio.ch", "sun.nio.cs",
     "sun.security.action", "sun.util.calendar",
 ]  # fmt: skip
-JAVA_OPTIONS = " ".join(["-XX:+IgnoreUnrecognizedVMOptions"] + [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _ADD_OPENS])
+JAVA_OPTIONS = " ".join(
+    ["-XX:+IgnoreUnrecognizedVMOptions"] + [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _ADD_OPENS]
+)
 
 
 def spark_configs(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -42,8 +44,8 @@ def spark_configs(extra: dict[str, str] | None = None) -> dict[str, str]:
     return configs
 
 
-def read_partition(spark, uri: str, options: storage.StorageOptions):
-    """A committed input partition as a Spark DataFrame (COS through Ray Data: Spark here has no S3A)."""
+def input_files(uri: str, options: storage.StorageOptions) -> list[str]:
+    """The Parquet files of a committed input partition; checked before Spark starts (fail fast)."""
     if not storage.is_committed(uri, options):
         raise JobInputError(
             f"Input partition {uri} is missing or not committed (no {storage.SUCCESS_MARKER}); "
@@ -51,7 +53,14 @@ def read_partition(spark, uri: str, options: storage.StorageOptions):
         )
     files = storage.list_parquet_files(uri, options)
     if not files:
-        raise JobInputError(f"Input partition {uri} has no Parquet files; the producer wrote an empty partition.")
+        raise JobInputError(
+            f"Input partition {uri} has no Parquet files; the producer wrote an empty partition."
+        )
+    return files
+
+
+def read_partition(spark, uri: str, files: list[str], options: storage.StorageOptions):
+    """A committed input partition as a Spark DataFrame (COS through Ray Data: Spark here has no S3A)."""
     scheme, _ = storage.split_uri(uri)
     if scheme == "cos":
         import ray.data
@@ -94,6 +103,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     config = spec.get("config", {})
     spark_spec = spec["spark"]
 
+    files = input_files(input_uri, options)
     ray.init(address="auto", logging_level=logging.WARNING)
     started = time.monotonic()
     spark = raydp.init_spark(
@@ -108,7 +118,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
              spark_spec["num_executors"], spark_spec["executor_cores"], spark_spec["executor_memory"])  # fmt: skip
     tmp_uri = storage.staging_uri(output_uri)
     try:
-        df = read_partition(spark, input_uri, options).cache()
+        df = read_partition(spark, input_uri, files, options).cache()
         validate_columns(df, config.get("required_columns", []), input_uri)
         rows_in = df.count()
         log.info("Read %d rows from %s", rows_in, input_uri)

@@ -53,7 +53,9 @@ def _load_dataset(uri: str, options: storage.StorageOptions):
     if not files:
         raise JobInputError(f"Training input {uri} has no Parquet files; run the preprocessing step first.")
     # Materialized up front: on a small cluster, lazy reads would compete with the train workers for CPUs.
-    return ray.data.read_parquet(files, filesystem=storage.filesystem(uri, options), partitioning=None).materialize()
+    return ray.data.read_parquet(
+        files, filesystem=storage.filesystem(uri, options), partitioning=None
+    ).materialize()
 
 
 def _mlflow_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
@@ -66,12 +68,16 @@ def _mlflow_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
 
             first = dict(metrics[0])
             epoch = int(first.pop("epoch", 0))
-            text = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(first.items()))
+            text = " ".join(
+                f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(first.items())
+            )
             print(f"[emr_ray] epoch {epoch + 1}/{epochs} {text}", flush=True)
             numeric = {k: float(v) for k, v in first.items() if isinstance(v, (int, float))}
             mlflow.MlflowClient(tracking_uri=tracking_uri).log_batch(
                 mlflow_run_id,
-                metrics=[mlflow.entities.Metric(k, v, int(time.time() * 1000), epoch) for k, v in numeric.items()],
+                metrics=[
+                    mlflow.entities.Metric(k, v, int(time.time() * 1000), epoch) for k, v in numeric.items()
+                ],
             )
 
     return EpochLogger()
@@ -81,7 +87,9 @@ def _start_mlflow_run(spec: dict[str, Any], state: dict[str, Any]) -> str:
     import mlflow
 
     settings = spec["mlflow"]
-    client = mlflow.MlflowClient(tracking_uri=settings["tracking_uri"], registry_uri=settings.get("registry_uri"))
+    client = mlflow.MlflowClient(
+        tracking_uri=settings["tracking_uri"], registry_uri=settings.get("registry_uri")
+    )
     if state.get("mlflow_run_id"):
         run_id = state["mlflow_run_id"]
         client.update_run(run_id, status="RUNNING")
@@ -137,12 +145,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     manifests = {}
     for name, uri in spec["datasets"].items():
         partition_root = uri.rstrip("/").rpartition("/")[0]
-        manifests[name] = storage.read_manifest(partition_root, options).get("outputs", {}).get(name, {}).get("rows")
+        manifests[name] = (
+            storage.read_manifest(partition_root, options).get("outputs", {}).get(name, {}).get("rows")
+        )
     print_key = fingerprint(spec, manifests)
     fsys, run_path = storage.resolve(storage.join(spec["storage_path"], spec["run_name"]), options)
     state = _read_state(fsys, run_path)
     if state.get("fingerprint") == print_key and state.get("result"):
-        log.info("Training %s already finished with these inputs; returning its stored result.", spec["run_name"])
+        log.info(
+            "Training %s already finished with these inputs; returning its stored result.", spec["run_name"]
+        )
         return state["result"] | {"reused": True}
     if state and state.get("fingerprint") != print_key:
         log.info("Inputs changed since the stored run %s: starting it clean.", spec["run_name"])
@@ -173,7 +185,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         run_config=ray.train.RunConfig(
             name=spec["run_name"],
             storage_path=storage_root,
-            storage_filesystem=storage.filesystem(spec["storage_path"], options) if storage_scheme != "file" else None,
+            storage_filesystem=storage.filesystem(spec["storage_path"], options)
+            if storage_scheme != "file"
+            else None,
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=ckpt.get("num_to_keep", 2),
                 checkpoint_score_attribute=ckpt.get("score_attribute", "test_loss"),
@@ -193,7 +207,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         fit_seconds = time.monotonic() - fit_started
         if result.error:
             raise result.error
-        best = result.get_best_checkpoint(ckpt.get("score_attribute", "test_loss"), ckpt.get("score_order", "min"))
+        best = result.get_best_checkpoint(
+            ckpt.get("score_attribute", "test_loss"), ckpt.get("score_order", "min")
+        )
         best = best or result.checkpoint
         if best is None:
             raise RuntimeError(f"Training {spec['run_name']} finished without a checkpoint; nothing to log.")

@@ -10,11 +10,12 @@ Ray binds some listeners on all interfaces: run it inside a loopback-only networ
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import secrets
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ def cluster_env(state_dir: Path) -> dict[str, str]:
     return {
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(state_dir / "auth_token"),
-        "RAY_TMPDIR": str(state_dir / "tmp"),
+        "RAY_TMPDIR": str(ray_temp_dir(state_dir)),
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_DEDUP_LOGS": "0",
@@ -60,6 +61,21 @@ def cluster_env(state_dir: Path) -> dict[str, str]:
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
+
+
+def ray_temp_dir(state_dir: Path) -> Path:
+    """Ray's temp dir: under the state folder, through a short /tmp link when that path is long.
+
+    Ray puts Unix sockets in it, and socket paths may not exceed 107 bytes.
+    """
+    real = state_dir.resolve() / "tmp"
+    real.mkdir(parents=True, exist_ok=True)
+    if len(str(real)) <= 40:
+        return real
+    link = Path(tempfile.gettempdir()) / f"emr-ray-{hashlib.sha256(str(real).encode()).hexdigest()[:10]}"
+    if not link.is_symlink():
+        link.symlink_to(real, target_is_directory=True)
+    return link
 
 
 def _token(state_dir: Path) -> str:
@@ -75,7 +91,9 @@ def _wait_for_dashboard(url: str, token: str, timeout: float) -> None:
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+            request = urllib.request.Request(
+                f"{url}/api/version", headers={"Authorization": f"Bearer {token}"}
+            )
             with urllib.request.urlopen(request, timeout=5) as response:
                 if response.status == 200:
                     return
@@ -97,7 +115,7 @@ def start_head(
 ) -> LocalRay:
     """Start ``ray start --head`` on 127.0.0.1 (reusing one already running from ``state_dir``)."""
     state = Path(state_dir).resolve()
-    for sub in ("tmp", "home"):
+    for sub in ("home",):
         (state / sub).mkdir(parents=True, exist_ok=True)
     token = _token(state)
     url = f"http://{LOOPBACK}:{dashboard_port}"
@@ -113,7 +131,7 @@ def start_head(
         "--include-dashboard=true", f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dashboard_port}",
         f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}",
         f"--object-store-memory={object_store_memory}",
-        f"--temp-dir={state / 'tmp'}", "--disable-usage-stats",
+        f"--temp-dir={ray_temp_dir(state)}", "--disable-usage-stats",
     ]  # fmt: skip
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     _wait_for_dashboard(url, token, timeout)
@@ -122,7 +140,13 @@ def start_head(
 
 def add_worker_node(local: LocalRay, *, num_cpus: int = 1, resources: str | None = None) -> None:
     """Join a second local node to the head (tests of multi-node placement)."""
-    cmd = [_ray_bin(), "start", f"--address={local.gcs_address}", f"--node-ip-address={LOOPBACK}", f"--num-cpus={num_cpus}"]
+    cmd = [
+        _ray_bin(),
+        "start",
+        f"--address={local.gcs_address}",
+        f"--node-ip-address={LOOPBACK}",
+        f"--num-cpus={num_cpus}",
+    ]
     if resources:
         cmd.append(f"--resources={resources}")
     subprocess.run(cmd, env=os.environ | cluster_env(local.state_dir), check=True, stdout=subprocess.DEVNULL)
@@ -133,7 +157,7 @@ def stop_head(state_dir: str | os.PathLike) -> None:
     state = Path(state_dir).resolve()
     subprocess.run([_ray_bin(), "stop", "--force"], env=os.environ | cluster_env(state), check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    shutil.rmtree(state / "tmp" / "ray" / "ray_current_cluster", ignore_errors=True)
+    (ray_temp_dir(state) / "ray_current_cluster").unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,10 @@ SECRET_KEY = "local-demo-secret-key-not-for-production"
 
 @dataclass
 class LocalStack:
-    """One isolated local environment: ``rm -rf root`` resets everything."""
+    """One isolated local environment: ``rm -rf root`` resets everything.
+
+    Pass an already running ``cos`` stand-in or ``ray`` head to share them (the tests do).
+    """
 
     root: Path
     project_root: Path
@@ -31,6 +34,7 @@ class LocalStack:
     cos: Any = None
     ray: LocalRay | None = None
     _owns_ray: bool = field(default=False, repr=False)
+    _owns_cos: bool = field(default=False, repr=False)
 
     def start(self) -> LocalStack:
         from emr_ray.local.cos_server import CosStandIn
@@ -38,17 +42,21 @@ class LocalStack:
         self.root = self.root.resolve()
         for sub in ("airflow", "mlflow/artifacts", "data", "ray"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self.cos = CosStandIn().start()
+        if self.cos is None:
+            self.cos = CosStandIn().start()
+            self._owns_cos = True
         self.cos.create_bucket(BUCKET)
         self.cos.register_credentials(SECRET_ID, SECRET_KEY)
-        self.ray = start_head(self.root / "ray", num_cpus=self.num_cpus)
-        self._owns_ray = True
+        if self.ray is None:
+            self.ray = start_head(self.root / "ray", num_cpus=self.num_cpus)
+            self._owns_ray = True
         return self
 
     def stop(self) -> None:
+        """Stop what ``start()`` started (services passed in by the caller stay up)."""
         if self._owns_ray:
             stop_head(self.root / "ray")
-        if self.cos is not None:
+        if self._owns_cos:
             self.cos.stop()
 
     # -- addresses --------------------------------------------------------------------------------
@@ -93,7 +101,12 @@ class LocalStack:
                 "conn_type": "cos",
                 "login": SECRET_ID,
                 "password": SECRET_KEY,
-                "extra": {"region": REGION, "bucket": BUCKET, "scheme": "http", "endpoint": self.cos.endpoint},
+                "extra": {
+                    "region": REGION,
+                    "bucket": BUCKET,
+                    "scheme": "http",
+                    "endpoint": self.cos.endpoint,
+                },
             },
             "mlflow_default": {
                 "conn_type": "mlflow",
@@ -113,7 +126,9 @@ class LocalStack:
             "AIRFLOW_VAR_EMR_RAY_RAW_URI": self.raw_uri,
             "AIRFLOW_VAR_EMR_RAY_STAGING_URI": self.staging_uri,
             "AIRFLOW_VAR_EMR_RAY_CHECKPOINT_URI": self.checkpoint_uri,
-            "PYTHONPATH": os.pathsep.join([str(self.project_root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "PYTHONPATH": os.pathsep.join([str(self.project_root), os.environ.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            ),
         }
         for conn_id, conn in self.connections().items():
             env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)

@@ -88,7 +88,9 @@ class RayConnectOperator(BaseOperator):
         wanted.update({k: float(v) for k, v in self.required_resources.items()})
         short = {k: (v, total.get(k, 0.0)) for k, v in wanted.items() if v and total.get(k, 0.0) < v}
         if short:
-            detail = ", ".join(f"{k}: need {need:g}, cluster has {have:g}" for k, (need, have) in short.items())
+            detail = ", ".join(
+                f"{k}: need {need:g}, cluster has {have:g}" for k, (need, have) in short.items()
+            )
             raise RayClusterError(
                 f"Ray cluster at {self.hook.dashboard_url} lacks required resources ({detail}); "
                 "add nodes or lower the task's requirements."
@@ -127,7 +129,7 @@ class RayJobOperator(BaseOperator):
     template_fields: Sequence[str] = ("spec", "runtime_env")
     template_fields_renderers = {"spec": "json", "runtime_env": "json"}
     operator_extra_links = (RayJobLink(),)
-    job_module = "emr_ray.jobs.noop"
+    job_module = "emr_ray.jobs.echo"
 
     def __init__(
         self,
@@ -193,9 +195,13 @@ class RayJobOperator(BaseOperator):
         secrets = {env: options[key] for key, env in COS_SECRET_ENV.items() if options.get(key)}
         return public, secrets
 
-    def _reattach_or_submit(self, identity: TaskIdentity, spec: dict[str, Any], runtime_env: dict[str, Any]) -> str:
+    def _reattach_or_submit(
+        self, identity: TaskIdentity, spec: dict[str, Any], runtime_env: dict[str, Any]
+    ) -> str:
         for try_number in range(identity.try_number, 0, -1):
-            earlier = TaskIdentity(identity.dag_id, identity.run_id, identity.task_id, identity.map_index, try_number)
+            earlier = TaskIdentity(
+                identity.dag_id, identity.run_id, identity.task_id, identity.map_index, try_number
+            )
             job = self.hook.get_job(earlier.submission_id())
             if job and job["status"] in {"PENDING", "RUNNING", "SUCCEEDED"}:
                 self.log.info("Reattaching to Ray job %s (%s) instead of submitting again",
@@ -211,8 +217,11 @@ class RayJobOperator(BaseOperator):
             entrypoint=entrypoint(self.job_module, spec),
             submission_id=submission_id,
             runtime_env=runtime_env,
-            metadata={"airflow_dag_id": identity.dag_id, "airflow_run_id": identity.run_id,
-                      "airflow_task_id": identity.task_id},  # fmt: skip
+            metadata={
+                "airflow_dag_id": identity.dag_id,
+                "airflow_run_id": identity.run_id,
+                "airflow_task_id": identity.task_id,
+            },  # fmt: skip
             entrypoint_num_cpus=self.entrypoint_num_cpus,
         )
         self.log.info("Submitted Ray job %s (%s)", submission_id, self.job_module)
@@ -237,14 +246,18 @@ class RayJobOperator(BaseOperator):
             )
         result = parse_marked(logs, RESULT_MARKER)
         if result is None:
-            raise RayJobFailedError(f"Ray job {submission_id} succeeded but printed no result line ({RESULT_MARKER.strip()}).")
+            raise RayJobFailedError(
+                f"Ray job {submission_id} succeeded but printed no result line ({RESULT_MARKER.strip()})."
+            )
         return result
 
     def _print_new_lines(self, logs: str, printed: int) -> int:
         lines = logs.splitlines()
         new = lines[printed:]
         if len(new) > _LOG_LINES_PER_POLL:
-            self.log.info("... %d job log lines skipped (see the Ray dashboard) ...", len(new) - _LOG_LINES_PER_POLL)
+            self.log.info(
+                "... %d job log lines skipped (see the Ray dashboard) ...", len(new) - _LOG_LINES_PER_POLL
+            )
             new = new[-_LOG_LINES_PER_POLL:]
         for line in new:
             if line.strip() and not line.startswith("Running entrypoint for job"):

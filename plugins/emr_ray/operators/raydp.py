@@ -36,7 +36,11 @@ class RayDPSparkOperator(RayJobOperator):
         *RayJobOperator.template_fields, "preprocess", "input_uri", "output_uri", "partition", "config",
         "app_name", "num_executors", "executor_cores", "executor_memory", "spark_configs", "placement_group_strategy",
     )  # fmt: skip
-    template_fields_renderers = {**RayJobOperator.template_fields_renderers, "config": "json", "spark_configs": "json"}
+    template_fields_renderers = {
+        **RayJobOperator.template_fields_renderers,
+        "config": "json",
+        "spark_configs": "json",
+    }
     job_module = "emr_ray.jobs.spark"
     ui_color = "#fde8d0"
 

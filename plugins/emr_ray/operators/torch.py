@@ -43,7 +43,11 @@ class TorchTrainOperator(RayJobOperator):
         *RayJobOperator.template_fields, "train_loop", "datasets", "config", "storage_path", "num_workers",
         "use_gpu", "resources_per_worker", "placement_strategy", "experiment_name",
     )  # fmt: skip
-    template_fields_renderers = {**RayJobOperator.template_fields_renderers, "config": "json", "datasets": "json"}
+    template_fields_renderers = {
+        **RayJobOperator.template_fields_renderers,
+        "config": "json",
+        "datasets": "json",
+    }
     job_module = "emr_ray.jobs.train"
     ui_color = "#fbe3e8"
 
@@ -94,9 +98,13 @@ class TorchTrainOperator(RayJobOperator):
         if workers < 1:
             raise ValueError(f"num_workers={workers}: Ray Train needs at least 1 worker.")
         if self.placement_strategy not in _STRATEGIES:
-            raise ValueError(f"placement_strategy={self.placement_strategy!r}: use one of {', '.join(_STRATEGIES)}.")
+            raise ValueError(
+                f"placement_strategy={self.placement_strategy!r}: use one of {', '.join(_STRATEGIES)}."
+            )
         if use_gpu and resources and resources.get("GPU", 1) == 0:
-            raise ValueError("use_gpu=True with resources_per_worker GPU=0: drop GPU from resources_per_worker.")
+            raise ValueError(
+                "use_gpu=True with resources_per_worker GPU=0: drop GPU from resources_per_worker."
+            )
         if not use_gpu and resources and resources.get("GPU", 0) > 0:
             raise ValueError("resources_per_worker asks for GPUs but use_gpu=False: set use_gpu=True.")
         return {"num_workers": workers, "use_gpu": use_gpu, "resources_per_worker": resources,
@@ -115,8 +123,11 @@ class TorchTrainOperator(RayJobOperator):
             "datasets": dict(self.datasets),
             "config": dict(self.config),
             "scaling": self._scaling(),
-            "checkpoint": {"num_to_keep": self.num_to_keep, "score_attribute": self.score_attribute,
-                           "score_order": self.score_order},  # fmt: skip
+            "checkpoint": {
+                "num_to_keep": self.num_to_keep,
+                "score_attribute": self.score_attribute,
+                "score_order": self.score_order,
+            },  # fmt: skip
             "failure": {"max_failures": int(self.max_failures)},
             "run_name": identity.run_name,
             "storage_path": identity.checkpoint_path(self.storage_path),
@@ -134,5 +145,7 @@ class TorchTrainOperator(RayJobOperator):
         for epoch_metric in ("test_accuracy", "test_loss"):
             if epoch_metric in result.get("final_metrics", {}):
                 self.log.info("Final %s: %.4f", epoch_metric, result["final_metrics"][epoch_metric])
-        self.log.info("MLflow run %s, best checkpoint %s", result.get("mlflow_run_id"), result.get("checkpoint_uri"))
+        self.log.info(
+            "MLflow run %s, best checkpoint %s", result.get("mlflow_run_id"), result.get("checkpoint_uri")
+        )
         return result

@@ -1,0 +1,112 @@
+"""The retraining DAG end to end, through ``airflow dags test`` (the CLI), on the real local stack:
+Airflow, a Ray head reached over the Jobs API, Spark on Ray (RayDP), Ray Train, MLflow (SQLite) and
+the COS stand-in. Two partitions run: a good model becomes champion; a deliberately weak one (one
+epoch at a tiny learning rate) is registered as challenger only.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from emr_ray import storage
+from emr_ray.local.stack import LocalStack
+
+pytestmark = pytest.mark.integration
+PROJECT = Path(__file__).resolve().parents[2]
+GOOD, WEAK = "2026-11-02", "2026-11-03"
+ROWS = 4000
+
+
+@pytest.fixture(scope="module")
+def stack(ray_cluster, cos_server, tmp_path_factory):
+    from include.data.synthetic import write_partitions
+
+    local = LocalStack(tmp_path_factory.mktemp("stack"), PROJECT, cos=cos_server, ray=ray_cluster).start()
+    write_partitions(local.raw_uri, GOOD, 2, ROWS, local.storage_options())
+    yield local
+    local.stop()
+
+
+def dags_test(stack: LocalStack, date: str, conf: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [str(Path(sys.executable).with_name("airflow")), "dags", "test", "retrain_tabular", date]
+    if conf:
+        cmd += ["--conf", conf]
+    env = os.environ | stack.airflow_env() | {"AIRFLOW_HOME": os.environ["AIRFLOW_HOME"]}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def runs(stack):
+    good = dags_test(stack, GOOD)
+    weak = dags_test(stack, WEAK, '{"epochs": 1, "lr": 0.00001}')
+    return {GOOD: good, WEAK: weak}
+
+
+@pytest.fixture(scope="module")
+def registry(stack):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
+
+
+def versions_by_partition(registry):
+    return {v.tags["partition"]: v for v in registry.search_model_versions("name='tabular-mlp'")}
+
+
+def test_both_runs_succeed(runs):
+    for date, run in runs.items():
+        assert run.returncode == 0, f"{date}:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+
+
+def test_staged_partition_is_committed_with_row_counts(stack, runs):
+    manifest = storage.read_manifest(storage.join(stack.staging_uri, "tabular", f"dt={GOOD}"))
+    assert manifest["rows_in"] == ROWS
+    rows = {name: out["rows"] for name, out in manifest["outputs"].items()}
+    assert set(rows) == {"train", "test"} and sum(rows.values()) == ROWS
+    assert 0.1 < rows["test"] / ROWS < 0.3
+    assert [c for c, _ in manifest["outputs"]["train"]["schema"]] == [f"f{i:02d}" for i in range(16)] + [
+        "label"
+    ]
+
+
+def test_progress_is_in_the_task_log(runs):
+    log = runs[GOOD].stdout + runs[GOOD].stderr
+    assert "Read 4000 rows" in log
+    assert "epoch 5/5" in log
+
+
+def test_model_versions_are_tagged_with_run_and_partition(registry, runs):
+    versions = versions_by_partition(registry)
+    assert set(versions) == {GOOD, WEAK}
+    good = versions[GOOD]
+    assert good.tags["airflow.dag_id"] == "retrain_tabular"
+    assert good.tags["airflow.run_id"].startswith("manual__")
+    assert good.tags["data_uri"].endswith(f"/tabular/dt={GOOD}")
+    assert registry.get_run(good.run_id).data.metrics["test_accuracy"] > 0.8
+
+
+def test_champion_only_moves_to_a_better_model(registry, runs):
+    versions = versions_by_partition(registry)
+    aliases = registry.get_registered_model("tabular-mlp").aliases
+    assert aliases["champion"] == versions[GOOD].version
+    assert aliases["challenger"] == versions[WEAK].version
+    weak_accuracy = registry.get_run(versions[WEAK].run_id).data.metrics["test_accuracy"]
+    good_accuracy = registry.get_run(versions[GOOD].run_id).data.metrics["test_accuracy"]
+    assert weak_accuracy < good_accuracy
+
+
+def test_champion_loads_and_predicts(stack, registry, runs):
+    import mlflow
+    import numpy as np
+
+    mlflow.set_tracking_uri(stack.tracking_uri)
+    try:
+        model = mlflow.pyfunc.load_model("models:/tabular-mlp@champion")
+        predictions = model.predict(np.zeros((4, 16), dtype=np.float32))
+    finally:
+        mlflow.set_tracking_uri("")
+    assert np.asarray(predictions).shape == (4, 2)

@@ -1,0 +1,96 @@
+"""URIs, partitions and the commit protocol of emr_ray.storage (on a real local filesystem)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from emr_ray import storage
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("file:///data/raw", ("file", "/data/raw")),
+        ("file:///data/raw/", ("file", "/data/raw")),
+        ("cos://bucket-125/raw/dt=2026-11-01", ("cos", "bucket-125/raw/dt=2026-11-01")),
+        ("hdfs://namenode:8020/warehouse/raw", ("hdfs", "/warehouse/raw")),
+    ],
+)
+def test_split_uri_gives_scheme_and_filesystem_path(uri, expected):
+    assert storage.split_uri(uri) == expected
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("s3://bucket/raw", "scheme 's3'"),
+        ("file://relative/path", "must be absolute"),
+        ("cos:///no-bucket", "names no bucket"),
+    ],
+)
+def test_bad_uris_say_how_to_fix_them(uri, message):
+    with pytest.raises(storage.StorageError, match=message):
+        storage.split_uri(uri)
+
+
+@pytest.mark.parametrize("partition", ["2026-13-01", "20261101", "{{ ds }}", ""])
+def test_partition_must_be_a_calendar_date(partition):
+    with pytest.raises(storage.StorageError, match="Partition"):
+        storage.validate_partition(partition)
+
+
+def test_partition_uri_layout():
+    assert (
+        storage.partition_uri("cos://b/root/", "tabular", "2026-11-02")
+        == "cos://b/root/tabular/dt=2026-11-02"
+    )
+
+
+def test_secrets_stay_out_of_repr_and_public_part():
+    options = storage.StorageOptions(endpoint_override="127.0.0.1:9", region="ap-guangzhou",
+                                     access_key="AKIDx", secret_key="very-secret")  # fmt: skip
+    assert "very-secret" not in repr(options)
+    assert "very-secret" not in json.dumps(options.public())
+
+
+def _write(tmp_uri: str, rows: int) -> None:
+    _, path = storage.split_uri(tmp_uri)
+    import os
+
+    os.makedirs(f"{path}/train", exist_ok=True)
+    pq.write_table(pa.table({"x": list(range(rows))}), f"{path}/train/part-0.parquet")
+
+
+def test_commit_makes_a_partition_visible_only_when_complete(tmp_path):
+    final = f"file://{tmp_path}/staging/tabular/dt=2026-11-02"
+    tmp = storage.staging_uri(final)
+    _write(tmp, 5)
+    assert not storage.is_committed(final)
+    storage.commit(tmp, final, {"rows_in": 5})
+    assert storage.is_committed(final)
+    assert storage.read_manifest(final) == {"rows_in": 5}
+    assert [p.rsplit("/", 1)[1] for p in storage.list_parquet_files(final)] == ["part-0.parquet"]
+    assert not any(p.name.startswith("_tmp_") for p in (tmp_path / "staging" / "tabular").iterdir())
+
+
+def test_rerun_replaces_the_partition_cleanly(tmp_path):
+    final = f"file://{tmp_path}/out/dt=2026-11-02"
+    first = storage.staging_uri(final)
+    _write(first, 5)
+    (tmp_path / "extra").mkdir()
+    storage.commit(first, final, {"rows_in": 5})
+    stale = tmp_path / "out" / "dt=2026-11-02" / "train" / "stale.parquet"
+    stale.write_bytes(b"old")
+    second = storage.staging_uri(final)
+    _write(second, 7)
+    storage.commit(second, final, {"rows_in": 7})
+    assert storage.read_manifest(final) == {"rows_in": 7}
+    assert not stale.exists()
+
+
+def test_uncommitted_partition_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(storage.StorageError, match="not committed .*rerun the task"):
+        storage.read_manifest(f"file://{tmp_path}/nothing/dt=2026-11-02")
