@@ -8,6 +8,7 @@ The Airflow task context is a small stand-in (:class:`FakeTaskInstance`) because
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 
@@ -47,7 +48,7 @@ def wait_for(hook: RayHook, submission_id: str, states: set[str], timeout: float
 
 def test_test_connection_reports_version_and_cpus(ray_conn):
     ok, message = RayHook(ray_conn).test_connection()
-    assert ok and "Ray 2." in message and "2 CPUs" in message
+    assert ok and "Ray 2." in message and re.search(r"node\(s\), \d+ CPUs", message)
 
 
 def test_missing_token_is_rejected_with_the_fix(ray_cluster, monkeypatch):
@@ -75,7 +76,7 @@ def test_unreachable_cluster_names_the_address(monkeypatch):
 def test_connect_operator_pushes_cluster_facts(ray_conn):
     ti = FakeTaskInstance("check")
     facts = RayConnectOperator(task_id="check", min_ray_version="2.50", required_cpus=2).execute({"ti": ti})
-    assert facts["cpus"] == 2 and facts["nodes"] >= 1 and facts["ray_version"].startswith("2.")
+    assert facts["cpus"] >= 2 and facts["nodes"] >= 1 and facts["ray_version"].startswith("2.")
 
 
 @pytest.mark.parametrize(
@@ -138,3 +139,65 @@ def test_on_kill_stops_the_job(ray_conn):
     wait_for(hook, op._submission_id, {"RUNNING"})
     op.on_kill()
     assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
+
+
+def run_trigger(trigger) -> dict:
+    """Rebuild the trigger from its serialized form (as the triggerer does) and run it to its event."""
+    import asyncio
+    import importlib
+
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+
+    async def first_event():
+        async for event in rebuilt.run():
+            return event.payload
+
+    return asyncio.run(first_event())
+
+
+def test_deferred_and_polled_runs_give_the_same_xcom(ray_conn):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    spec = {"payload": {"same": True}, "sleep_seconds": 1}
+    polled = RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute(
+        {"ti": FakeTaskInstance("echo")}
+    )
+    ti = FakeTaskInstance("echo")
+    op = RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5, deferrable=True)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})
+    event = run_trigger(deferred.value.trigger)
+    assert event["status"] == "success"
+    assert op.execute_complete({"ti": ti}, event) == polled
+
+
+def test_deferred_failure_carries_the_jobs_message(ray_conn):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    op = RayJobOperator(
+        task_id="echo", spec={"fail_with": "bad schema in f03"}, poll_interval=0.5, deferrable=True
+    )
+    ti = FakeTaskInstance("echo")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})
+    event = run_trigger(deferred.value.trigger)
+    with pytest.raises(RayJobFailedError, match="JobInputError: bad schema in f03"):
+        op.execute_complete({"ti": ti}, event)
+
+
+def test_execution_timeout_while_deferred_stops_the_job(ray_conn):
+    from datetime import timedelta
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    op = RayJobOperator(task_id="echo", spec={"sleep_seconds": 60}, poll_interval=0.5, deferrable=True,
+                        execution_timeout=timedelta(seconds=4))  # fmt: skip
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": FakeTaskInstance("echo")})
+    event = run_trigger(deferred.value.trigger)
+    assert event["status"] == "error" and "execution_timeout" in event["message"]
+    assert (
+        wait_for(RayHook(ray_conn), event["submission_id"], {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
+    )

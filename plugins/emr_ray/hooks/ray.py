@@ -22,6 +22,7 @@ import httpx
 from airflow.sdk import BaseHook
 
 from emr_ray.exceptions import RayClusterError
+from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, parse_marked
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 DEFAULT_DASHBOARD_PORT = 8265
@@ -243,6 +244,31 @@ class RayHook(BaseHook):
     def job_url(self, submission_id: str) -> str:
         """The job's page in the Ray dashboard."""
         return f"{self.dashboard_url}/#/jobs/{submission_id}"
+
+
+def interpret_job(submission_id: str, job: dict[str, Any] | None, logs: str) -> dict[str, Any]:
+    """One reading of a finished job for both the poking and the deferred path.
+
+    ``{"status": "success", "result": ...}`` when the job succeeded and printed its result line,
+    else ``{"status": "error", "message": ...}`` carrying the job's own error text.
+    """
+    job_status = (job or {}).get("status", "FAILED")
+    event: dict[str, Any] = {"submission_id": submission_id, "job_status": job_status}
+    if job_status == "SUCCEEDED":
+        result = parse_marked(logs, RESULT_MARKER)
+        if result is not None:
+            return event | {"status": "success", "result": result}
+        return event | {
+            "status": "error",
+            "message": f"succeeded but printed no result line ({RESULT_MARKER.strip()})",
+        }
+    error = parse_marked(logs, ERROR_MARKER)
+    detail = (
+        f"{error.get('type')}: {error.get('message')}"
+        if error
+        else (job or {}).get("message") or "job vanished"
+    )
+    return event | {"status": "error", "message": f"ended {job_status}: {detail}"}
 
 
 def merge_runtime_env(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -23,8 +23,8 @@ class JobInputError(Exception):
 
 def storage_options(spec: dict[str, Any]) -> storage.StorageOptions:
     """COS settings: the public part from the spec, the secrets from the job's environment."""
-    public = spec.get("storage", {}).get("cos") or {}
-    secrets = {key: os.environ.get(env) for key, env in COS_SECRET_ENV.items()}
+    public: dict[str, Any] = spec.get("storage", {}).get("cos") or {}
+    secrets: dict[str, Any] = {key: os.environ.get(env) for key, env in COS_SECRET_ENV.items()}
     return storage.StorageOptions(**public, **secrets)
 
 

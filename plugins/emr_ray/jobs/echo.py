@@ -1,6 +1,7 @@
 """Job: return the spec's payload, optionally after a pause; a smoke test of the whole Jobs API path.
 
-Imports no Ray: it checks submission, runtime_env, logs and result parsing in a second or two.
+Imports no Ray unless asked to spread tasks (``spread_tasks: N``): then it runs N one-CPU tasks
+with the SPREAD strategy and reports the nodes they ran on, which shows placement across nodes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,23 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         time.sleep(1)
     if spec.get("fail_with"):
         raise JobInputError(spec["fail_with"])
-    return {"echo": spec.get("payload")}
+    result: dict[str, Any] = {"echo": spec.get("payload")}
+    if spec.get("spread_tasks"):
+        result["task_nodes"] = _spread(int(spec["spread_tasks"]))
+    return result
+
+
+def _spread(count: int) -> list[str]:
+    import ray
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+
+    @ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
+    def where() -> str:
+        time.sleep(1)  # keep each task busy, so the scheduler has to use more than one node
+        return ray.get_runtime_context().get_node_id()
+
+    return ray.get([where.remote() for _ in range(count)])
 
 
 if __name__ == "__main__":

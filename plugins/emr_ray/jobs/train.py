@@ -215,7 +215,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             raise RuntimeError(f"Training {spec['run_name']} finished without a checkpoint; nothing to log.")
         example = _input_example(datasets["test" if "test" in datasets else "train"], spec["config"])
         _log_model(spec, mlflow_run_id, best, example)
-        final = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+        final = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
         for key in ("test_accuracy", "test_loss"):
             if key in final:
                 client.log_metric(mlflow_run_id, f"final_{key}", float(final[key]))
@@ -225,7 +225,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         client.set_terminated(mlflow_run_id, status="FAILED")
         raise
     best_metrics = {}
-    for checkpoint, metrics in result.best_checkpoints:
+    for checkpoint, metrics in result.best_checkpoints or []:
         if checkpoint.path == best.path:
             best_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
     prefix = "file://" if storage_scheme == "file" else f"{storage_scheme}://"

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, conf
 
 from emr_ray.exceptions import RayClusterError, RayJobFailedError
-from emr_ray.hooks.ray import TERMINAL_STATES, RayHook
+from emr_ray.hooks.ray import TERMINAL_STATES, RayHook, interpret_job
 from emr_ray.identity import TaskIdentity
 from emr_ray.links.ray import RayJobLink
-from emr_ray.spec import COS_SECRET_ENV, ERROR_MARKER, RESULT_MARKER, entrypoint, parse_marked
+from emr_ray.spec import COS_SECRET_ENV, entrypoint
+from emr_ray.triggers.ray import RayJobTrigger
 
 _LOG_LINES_PER_POLL = 200
 
@@ -122,6 +123,8 @@ class RayJobOperator(BaseOperator):
     :param runtime_env: merged over the connection's runtime_env (templated).
     :param entrypoint_num_cpus: CPUs reserved for the job's driver (default 0: it mostly waits).
     :param poll_interval: seconds between status polls.
+    :param deferrable: wait in the triggerer instead of a worker slot (default
+        ``[operators] default_deferrable``); the job is stopped if ``execution_timeout`` runs out.
     :param cos_conn_id: the ``cos`` connection used when the spec names ``cos://`` URIs; its endpoint
         goes into the spec, its credentials only into the job's environment.
     """
@@ -141,10 +144,12 @@ class RayJobOperator(BaseOperator):
         entrypoint_num_cpus: float | None = None,
         poll_interval: float = 5.0,
         cos_conn_id: str = "cos_default",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cos_conn_id = cos_conn_id
+        self.deferrable = deferrable
         if job_module:
             self.job_module = job_module
         self.spec = spec or {}
@@ -177,6 +182,17 @@ class RayJobOperator(BaseOperator):
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
         self.log.info("Ray job %s: %s", self._submission_id, self.hook.job_url(self._submission_id))
+        if self.deferrable:
+            timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
+            self.defer(
+                trigger=RayJobTrigger(
+                    submission_id=self._submission_id,
+                    ray_conn_id=self.ray_conn_id,
+                    poll_interval=self.poll_interval,
+                    deadline=time.time() + timeout if timeout else None,
+                ),  # fmt: skip
+                method_name="execute_complete",
+            )
         try:
             return self._wait(self._submission_id)
         except RayJobFailedError:
@@ -230,26 +246,30 @@ class RayJobOperator(BaseOperator):
     def _wait(self, submission_id: str) -> dict[str, Any]:
         printed = 0
         while True:
-            job = self.hook.get_job(submission_id) or {"status": "FAILED", "message": "job vanished"}
+            job = self.hook.get_job(submission_id)
             logs = self.hook.get_job_logs(submission_id)
             printed = self._print_new_lines(logs, printed)
-            if job["status"] in TERMINAL_STATES:
+            if job is None or job["status"] in TERMINAL_STATES:
                 break
             time.sleep(self.poll_interval)
-        self.log.info("Ray job %s ended %s", submission_id, job["status"])
-        if job["status"] != "SUCCEEDED":
-            error = parse_marked(logs, ERROR_MARKER) or {}
-            detail = f"{error.get('type')}: {error.get('message')}" if error else job.get("message", "")
+        return self._finish(interpret_job(submission_id, job, logs))
+
+    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Turn the terminal event (from polling or from the trigger) into the XCom, or the failure."""
+        submission_id = event["submission_id"]
+        self.log.info("Ray job %s ended %s", submission_id, event.get("job_status"))
+        if event["status"] != "success":
             raise RayJobFailedError(
-                f"Ray job {submission_id} ended {job['status']}: {detail}\n"
-                f"Full log: {self.hook.job_url(submission_id)}"
+                f"Ray job {submission_id} {event.get('message')}\nFull log: {self.hook.job_url(submission_id)}"
             )
-        result = parse_marked(logs, RESULT_MARKER)
-        if result is None:
-            raise RayJobFailedError(
-                f"Ray job {submission_id} succeeded but printed no result line ({RESULT_MARKER.strip()})."
-            )
-        return result
+        return event["result"]
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume after deferral: show the job log's tail, then the same reading as the poking path."""
+        self._submission_id = event["submission_id"]
+        logs = self.hook.get_job_logs(self._submission_id)
+        self._print_new_lines(logs, max(0, len(logs.splitlines()) - _LOG_LINES_PER_POLL))
+        return self._finish(event)
 
     def _print_new_lines(self, logs: str, printed: int) -> int:
         lines = logs.splitlines()

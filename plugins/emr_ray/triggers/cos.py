@@ -14,6 +14,8 @@ class COSKeyTrigger(BaseTrigger):
 
     The blocking SDK calls run in a thread (``asyncio.to_thread``), never on the triggerer's event
     loop, through the same matcher as the sensor's poke (:func:`emr_ray.hooks.cos.match_keys`).
+    With ``inactivity_period`` it also waits until the matched set has stayed unchanged that long,
+    keeping the state of the sensor's own check (:func:`emr_ray.hooks.cos.check_unchanged`) in its loop.
     The event is ``{"status": "success", "objects": [...]}`` or ``{"status": "error", "message": ...}``.
 
     :param bucket_keys: keys or patterns, each a ``cos://bucket/key`` URL or relative to ``bucket_name``.
@@ -23,6 +25,9 @@ class COSKeyTrigger(BaseTrigger):
     :param metadata_keys: object metadata to report (see ``match_keys``).
     :param cos_conn_id: the ``cos`` connection.
     :param poke_interval: seconds between checks.
+    :param inactivity_period: seconds the matched set must stay unchanged; None: answer on the first match.
+    :param min_objects: with ``inactivity_period``, the fewest objects the settled set may hold.
+    :param inactivity_state: the sensor's last observation (from ``check_unchanged``), to carry on from.
     """
 
     def __init__(
@@ -35,6 +40,9 @@ class COSKeyTrigger(BaseTrigger):
         metadata_keys: list[str] | None = None,
         cos_conn_id: str = "cos_default",
         poke_interval: float = 60.0,
+        inactivity_period: float | None = None,
+        min_objects: int = 1,
+        inactivity_state: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.bucket_keys = list(bucket_keys)
@@ -44,6 +52,9 @@ class COSKeyTrigger(BaseTrigger):
         self.metadata_keys = list(metadata_keys) if metadata_keys else None
         self.cos_conn_id = cos_conn_id
         self.poke_interval = poke_interval
+        self.inactivity_period = inactivity_period
+        self.min_objects = min_objects
+        self.inactivity_state = dict(inactivity_state) if inactivity_state else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -56,13 +67,20 @@ class COSKeyTrigger(BaseTrigger):
                 "metadata_keys": self.metadata_keys,
                 "cos_conn_id": self.cos_conn_id,
                 "poke_interval": self.poke_interval,
+                "inactivity_period": self.inactivity_period,
+                "min_objects": self.min_objects,
+                "inactivity_state": self.inactivity_state,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from emr_ray.hooks.cos import COSHook, match_keys
+        from emr_ray.hooks.cos import COSHook, check_unchanged, match_keys, with_inactivity_metadata
 
         hook = COSHook(cos_conn_id=self.cos_conn_id)
+        state = self.inactivity_state
+        metadata_keys = self.metadata_keys
+        if self.inactivity_period is not None:
+            metadata_keys = with_inactivity_metadata(metadata_keys)
         while True:
             try:
                 found, objects = await asyncio.to_thread(
@@ -72,11 +90,21 @@ class COSKeyTrigger(BaseTrigger):
                     self.bucket_name,
                     wildcard_match=self.wildcard_match,
                     use_regex=self.use_regex,
-                    metadata_keys=self.metadata_keys,
+                    metadata_keys=metadata_keys,
                 )
             except Exception as e:
                 yield TriggerEvent({"status": "error", "message": str(e), "objects": []})
                 return
+            if not found:
+                state = None
+            elif self.inactivity_period is not None:
+                settled, state, message = check_unchanged(
+                    objects, state, inactivity_period=self.inactivity_period, min_objects=self.min_objects
+                )
+                if not settled:
+                    self.log.info("COS objects for %s: %s", self.bucket_keys, message)
+                    await asyncio.sleep(self.poke_interval)
+                    continue
             if found:
                 self.log.info("Found %d COS object(s) for %s", len(objects), self.bucket_keys)
                 yield TriggerEvent(
