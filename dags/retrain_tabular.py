@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG, Param
+
 from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator

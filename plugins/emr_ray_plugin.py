@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
+
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
 from emr_ray.links.ray import RayJobLink
 

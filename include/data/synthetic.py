@@ -38,6 +38,7 @@ def make_partition(partition: str, rows: int):
 def write_partitions(root: str, start: str, days: int, rows: int, options=None) -> list[str]:
     """Write ``days`` partitions from ``start`` under ``root`` (each committed with ``_SUCCESS``)."""
     import pyarrow.parquet as pq
+
     from emr_ray import storage
 
     written = []

@@ -7,9 +7,9 @@ import logging
 import os
 
 import pytest
+
 from emr_ray.exceptions import COSError
 from emr_ray.hooks.cos import COSHook, file_etag, literal_prefix
-
 from tests.fixtures.cos import BUCKET, SECRET_KEY, cos_connection_json
 
 pytestmark = pytest.mark.integration

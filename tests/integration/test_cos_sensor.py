@@ -6,11 +6,11 @@ import asyncio
 import datetime as dt
 
 import pytest
+
 from emr_ray.exceptions import COSError
 from emr_ray.hooks.cos import COSHook
 from emr_ray.sensors.cos import COSSensor
 from emr_ray.triggers.cos import COSKeyTrigger
-
 from tests.fixtures.cos import BUCKET, SECRET_KEY, cos_connection_json
 
 pytestmark = pytest.mark.integration

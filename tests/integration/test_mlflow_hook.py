@@ -10,9 +10,9 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
+
 from emr_ray.exceptions import MLflowRegistryError
 from emr_ray.hooks.mlflow import CREDENTIAL_ENV_VARS, MLflowHook
-
 from tests.fixtures.mlflow import MLflowStore, log_torch_run
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from emr_ray.exceptions import MLflowRegistryError
 from emr_ray.operators.mlflow import MLflowRegisterOperator, mlflow_model_asset
-
 from tests.fixtures.mlflow import MLflowStore, log_torch_run, use_tracking_uri
 
 pytestmark = pytest.mark.integration

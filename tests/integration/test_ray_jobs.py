@@ -13,12 +13,12 @@ import time
 import uuid
 
 import pytest
+
 from emr_ray.exceptions import RayClusterError, RayJobFailedError
 from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayConnectOperator, RayJobOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
-
 from tests.fixtures.ray import ray_connection_json
 
 pytestmark = pytest.mark.integration

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from emr_ray import storage
 from emr_ray.local.stack import LocalStack
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from emr_ray.local.cos_server import CosStandIn, canonical_header_name
 
+from emr_ray.local.cos_server import CosStandIn, canonical_header_name
 from tests.fixtures.cos import BUCKET, REGION, SECRET_ID, SECRET_KEY
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from emr_ray import spec
 from emr_ray.identity import TaskIdentity
 

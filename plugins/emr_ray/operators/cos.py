@@ -138,7 +138,12 @@ class LocalToCOSOperator(_COSTransferOperator):
             files.sort(key=lambda item: item[1] == SUCCESS_MARKER)
         total = sum(os.path.getsize(path) for path, _ in files)
         self.log.info(
-            "Uploading %d file(s), %d bytes, from %s to cos://%s/%s", len(files), total, source, bucket, prefix
+            "Uploading %d file(s), %d bytes, from %s to cos://%s/%s",
+            len(files),
+            total,
+            source,
+            bucket,
+            prefix,
         )
         progress = _ProgressLogger(self.log, f"upload to cos://{bucket}/{prefix}")
         done = 0
