@@ -43,6 +43,7 @@ pytest_plugins = [
     "tests.fixtures.cos",
     "tests.fixtures.mlflow",
     "tests.fixtures.ray",
+    "tests.fixtures.pipeline",
 ]
 
 

@@ -1,17 +1,12 @@
-"""A small MLP for the tabular partition, and its Ray Train loop (runs on Ray Train workers).
-
-The loop reads its shard of the staged Parquet through Ray Data, reports per-epoch metrics
-(train loss, test loss and accuracy, all-reduced over workers) and a checkpoint from rank 0, and
-resumes from the latest checkpoint when Ray Train or an Airflow retry restarts it.
-"""
+"""A small MLP for the tabular partition, and its Ray Train loop (runs on Ray Train workers)."""
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import time
 from typing import Any
+
+from include.training.loop import load_weights, run_epochs
+
+__all__ = ["build_model", "load_weights", "train_loop"]
 
 
 def build_model(config: dict[str, Any]):
@@ -28,89 +23,6 @@ def build_model(config: dict[str, Any]):
     )
 
 
-def _batches(shard, config: dict[str, Any], device):
-    import torch
-
-    features, label = config["feature_columns"], config["label_column"]
-    for batch in shard.iter_torch_batches(batch_size=int(config.get("batch_size", 256)), drop_last=False):
-        x = torch.stack([batch[c].to(torch.float32) for c in features], dim=1).to(device)
-        yield x, batch[label].to(torch.long).to(device)
-
-
 def train_loop(config: dict[str, Any]) -> None:
-    """Ray Train worker loop: train, evaluate, report and checkpoint once per epoch."""
-    import ray.train
-    import torch
-    import torch.distributed as dist
-    from ray.train.torch import get_device, prepare_model
-
-    torch.manual_seed(int(config.get("seed", 42)))
-    device = get_device()
-    model = build_model(config)
-    optimizer_state = None
-    start_epoch = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as ckpt_dir:
-            state = torch.load(os.path.join(ckpt_dir, "state.pt"), map_location="cpu")
-            model.load_state_dict(state["model"])
-            optimizer_state = state["optimizer"]
-            start_epoch = state["epoch"] + 1
-    model = prepare_model(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=float(config.get("lr", 1e-3)))
-    if optimizer_state:
-        optimizer.load_state_dict(optimizer_state)
-    loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
-    train_shard = ray.train.get_dataset_shard("train")
-    test_shard = ray.train.get_dataset_shard("test")
-    rank = ray.train.get_context().get_world_rank()
-    distributed = dist.is_available() and dist.is_initialized()
-
-    for epoch in range(start_epoch, int(config.get("epochs", 5))):
-        started = time.monotonic()
-        model.train()
-        sums = torch.zeros(5, dtype=torch.float64)  # train loss, train rows, test loss, correct, test rows
-        for x, y in _batches(train_shard, config, device):
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            (loss / len(y)).backward()
-            optimizer.step()
-            sums[0] += loss.item()
-            sums[1] += len(y)
-        model.eval()
-        with torch.no_grad():
-            for x, y in _batches(test_shard, config, device):
-                logits = model(x)
-                sums[2] += loss_fn(logits, y).item()
-                sums[3] += (logits.argmax(dim=1) == y).sum().item()
-                sums[4] += len(y)
-        if distributed:
-            dist.all_reduce(sums)
-        seconds = time.monotonic() - started
-        metrics = {
-            "epoch": epoch,
-            "train_loss": sums[0].item() / max(sums[1].item(), 1),
-            "test_loss": sums[2].item() / max(sums[4].item(), 1),
-            "test_accuracy": sums[3].item() / max(sums[4].item(), 1),
-            "train_rows": int(sums[1].item()),
-            "rows_per_second": sums[1].item() / max(seconds, 1e-9),
-        }
-        if rank == 0:
-            with tempfile.TemporaryDirectory() as tmp:
-                unwrapped = model.module if hasattr(model, "module") else model
-                state = {"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
-                torch.save(state, os.path.join(tmp, "state.pt"))
-                with open(os.path.join(tmp, "metrics.json"), "w") as f:
-                    json.dump(metrics, f)
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        else:
-            ray.train.report(metrics)
-
-
-def load_weights(model, checkpoint_dir: str):
-    """Load a checkpoint written by ``train_loop`` into ``model`` (used by the job to log the model)."""
-    import torch
-
-    state = torch.load(os.path.join(checkpoint_dir, "state.pt"), map_location="cpu")
-    model.load_state_dict(state["model"])
-    return model
+    """Ray Train worker loop for the MLP (see :func:`include.training.loop.run_epochs`)."""
+    run_epochs(config, build_model)

@@ -101,6 +101,7 @@ def get_provider_info() -> dict:
                 ],
             },
             {"integration-name": "MLflow", "python-modules": ["emr_ray.operators.mlflow"]},
+            {"integration-name": "Tencent COS", "python-modules": ["emr_ray.operators.cos"]},
         ],
         "sensors": [{"integration-name": "Tencent COS", "python-modules": ["emr_ray.sensors.cos"]}],
         "triggers": [{"integration-name": "Tencent COS", "python-modules": ["emr_ray.triggers.cos"]}],
@@ -108,5 +109,6 @@ def get_provider_info() -> dict:
             "emr_ray.links.ray.RayJobLink",
             "emr_ray.links.mlflow.MLflowRunLink",
             "emr_ray.links.mlflow.MLflowModelVersionLink",
+            "emr_ray.links.cos.COSObjectLink",
         ],
     }

@@ -34,13 +34,19 @@ class StorageOptions:
     endpoint_override: str | None = None
     scheme: str = "https"
     region: str | None = None
+    force_virtual_addressing: bool = False  # real COS wants bucket-in-hostname requests
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
 
     def public(self) -> dict[str, Any]:
         """The non-secret part, safe for specs, logs and XCom."""
-        return {"endpoint_override": self.endpoint_override, "scheme": self.scheme, "region": self.region}
+        return {
+            "endpoint_override": self.endpoint_override,
+            "scheme": self.scheme,
+            "region": self.region,
+            "force_virtual_addressing": self.force_virtual_addressing,
+        }
 
 
 def validate_partition(partition: str) -> str:
@@ -106,6 +112,7 @@ def filesystem(uri: str, options: StorageOptions | None = None):
             region=opts.region or "ap-guangzhou",
             endpoint_override=opts.endpoint_override or f"cos.{opts.region}.myqcloud.com",
             scheme=opts.scheme,
+            force_virtual_addressing=opts.force_virtual_addressing,
             allow_bucket_creation=False,
         )
     raise StorageError(

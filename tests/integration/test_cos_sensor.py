@@ -284,3 +284,126 @@ def test_dag_test_with_templated_key(hook, cos_conn, tmp_path, monkeypatch, caps
     rendered = str([r.rendered_fields for r in rows])
     assert "dagtest/raw/dt=2024-03-05/_SUCCESS" in rendered
     assert SECRET_KEY not in rendered
+
+
+# ---------------------------------------------------------------------- "keys unchanged for N seconds"
+
+QUIET = 2.0  # inactivity_period of the timed tests: short, but far above one poke's duration
+
+
+def test_check_unchanged_logic():
+    """The shared check, on a fake clock: any change restarts it; min_objects; seeding from LastModified."""
+    from emr_ray.hooks.cos import check_unchanged
+
+    a = {"Bucket": "b", "Key": "p/a", "Size": 1, "ETag": "e1", "LastModified": "2024-01-01T00:00:00+00:00"}
+    b = {"Bucket": "b", "Key": "p/b", "Size": 2, "ETag": "e2", "LastModified": "2024-01-01T00:00:10+00:00"}
+    kw = {"inactivity_period": 5, "min_objects": 2}
+    done, state, msg = check_unchanged([a], None, now=100, **kw)
+    assert not done and "fewer than min_objects=2" in msg
+    done, state, _ = check_unchanged([a, b], state, now=101, **kw)  # changed: clock restarts at 101
+    assert not done and state["since"] == 101
+    done, state, _ = check_unchanged([b, a], state, now=105.9, **kw)  # order does not matter
+    assert not done
+    done, state, msg = check_unchanged([a, b], state, now=106, **kw)
+    assert done and "unchanged for 5.0s" in msg
+    rewritten = dict(b, ETag="e3")
+    done, state, msg = check_unchanged([a, rewritten], state, now=200, **kw)
+    assert not done and "changed" in msg and state["since"] == 200
+    done, _, _ = check_unchanged([a], state, now=300, **kw)  # a deletion is a change too
+    assert not done
+    # no memory (reschedule): dated from the newest LastModified (00:00:10 UTC = 1704067210)
+    assert check_unchanged([a, b], None, now=1704067214, seed_from_last_modified=True, **kw)[0] is False
+    assert check_unchanged([a, b], None, now=1704067215, seed_from_last_modified=True, **kw)[0] is True
+
+
+def test_inactivity_arguments():
+    with pytest.raises(ValueError, match="negative"):
+        COSSensor(task_id="x", bucket_key="k", inactivity_period=-1)
+    with pytest.raises(ValueError, match="set inactivity_period too"):
+        COSSensor(task_id="x", bucket_key="k", min_objects=3)
+    with pytest.raises(ValueError, match="give 1 or more"):
+        COSSensor(task_id="x", bucket_key="k", inactivity_period=1, min_objects=0)
+
+
+def test_inactivity_poke(hook, cos_conn, cos_prefix):
+    """Poke mode: every assertion holds whatever the machine's load (waits only ever make them truer)."""
+    import time
+
+    pattern = f"{cos_prefix}part/*"
+    hook.upload_bytes(b"a", f"{cos_prefix}part/0")
+    sensor = make_sensor(bucket_key=pattern, wildcard_match=True, inactivity_period=QUIET, min_objects=2)
+    assert not sensor.poke({}).is_done  # one object, fewer than min_objects
+    hook.upload_bytes(b"b", f"{cos_prefix}part/1")
+    assert not sensor.poke({}).is_done  # first sight of this set: the clock starts now
+    time.sleep(QUIET + 0.2)
+    hook.upload_bytes(b"bb", f"{cos_prefix}part/1")  # rewritten in place
+    assert not sensor.poke({}).is_done  # changed: the clock restarts
+    time.sleep(QUIET + 0.2)
+    result = sensor.poke({})
+    assert result.is_done
+    assert [(o["Key"], o["Size"]) for o in result.xcom_value] == [
+        (f"{cos_prefix}part/0", 1),
+        (f"{cos_prefix}part/1", 2),
+    ]
+    assert all(len(o["ETag"]) == 32 and o["LastModified"] for o in result.xcom_value)
+
+
+def test_inactivity_reschedule_dates_from_last_modified(hook, cos_conn, cos_prefix):
+    """Reschedule mode: a fresh sensor (as after every resume) judges the set by its newest LastModified."""
+    import time
+
+    hook.upload_bytes(b"a", f"{cos_prefix}r/0")
+    sensor = make_sensor(bucket_key=f"{cos_prefix}r/0", inactivity_period=QUIET, mode="reschedule")
+    assert not sensor.poke({}).is_done  # written just now
+    time.sleep(QUIET + 1.2)  # LastModified has 1 s resolution
+    fresh = make_sensor(bucket_key=f"{cos_prefix}r/0", inactivity_period=QUIET, mode="reschedule")
+    assert fresh.poke({}).is_done
+
+
+def test_inactivity_deferrable(hook, cos_conn, cos_prefix):
+    """Deferrable mode: execute() observes once and the trigger carries on from that observation."""
+    import time
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    key = f"{cos_prefix}d/part-0"
+    hook.upload_bytes(b"a", key)
+
+    def defer() -> tuple[COSSensor, TaskDeferred]:
+        sensor = make_sensor(bucket_key=key, inactivity_period=QUIET, deferrable=True)
+        with pytest.raises(TaskDeferred) as deferred:
+            sensor.execute({})
+        return sensor, deferred.value
+
+    # unchanged since execute(): the trigger's first check answers (a 60 s poke_interval would time out)
+    sensor, deferred = defer()
+    classpath, kwargs = deferred.trigger.serialize()
+    assert kwargs["inactivity_period"] == QUIET and kwargs["inactivity_state"]["count"] == 1
+    time.sleep(QUIET + 0.2)
+    event = run_trigger(COSKeyTrigger(**{**kwargs, "poke_interval": 60}), timeout=10)
+    assert event["status"] == "success"
+    assert [o["Key"] for o in sensor.execute_complete({}, event, **deferred.kwargs)] == [key]
+
+    # rewritten after execute(): the trigger sees the change and waits a whole period from then on
+    sensor, deferred = defer()
+    hook.upload_bytes(b"bb", key)
+    rewritten = time.monotonic()
+    event = run_trigger(COSKeyTrigger(**{**deferred.trigger.serialize()[1], "poke_interval": 0.1}))
+    assert time.monotonic() - rewritten >= QUIET
+    objects = sensor.execute_complete({}, event, **deferred.kwargs)
+    assert [(o["Key"], o["Size"]) for o in objects] == [(key, 2)]
+
+
+def test_success_persists_console_link(hook, cos_conn, cos_prefix):
+    from unittest import mock
+
+    hook.upload_bytes(b"", f"{cos_prefix}raw/dt=2024-01-01/_SUCCESS")
+    ti = mock.Mock()
+    sensor = make_sensor(bucket_key=f"{cos_prefix}raw/dt=*/_SUCCESS", wildcard_match=True)
+    assert sensor.poke({"ti": ti}).is_done
+    (call,) = ti.xcom_push.call_args_list
+    assert call.kwargs["key"] == "_link_COSObjectLink"
+    assert call.kwargs["value"] == (
+        f"https://console.cloud.tencent.com/cos/bucket?bucket={BUCKET}&region=ap-guangzhou"
+        f"&path={cos_prefix}raw/dt%3D2024-01-01/"
+    )

@@ -18,7 +18,7 @@ from tests.integration.test_ray_jobs import FakeTaskInstance
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def two_nodes(ray_cluster, ray_conn):
     hook = RayHook(ray_conn)
     if len(hook.get_cluster_resources()["nodes"]) < 2:

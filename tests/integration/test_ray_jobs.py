@@ -201,3 +201,25 @@ def test_execution_timeout_while_deferred_stops_the_job(ray_conn):
     assert (
         wait_for(RayHook(ray_conn), event["submission_id"], {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
     )
+
+
+def test_auto_address_finds_the_local_head_and_its_token(ray_cluster, monkeypatch):
+    """As on an EMR node: the Airflow worker runs beside the head and finds it like ray.init("auto")."""
+    from emr_ray.local.ray_head import cluster_env
+
+    env = cluster_env(ray_cluster.state_dir)
+    monkeypatch.setenv("RAY_TMPDIR", env["RAY_TMPDIR"])
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", env["RAY_AUTH_TOKEN_PATH"])
+    monkeypatch.delenv("RAY_DASHBOARD_ADDRESS", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_AUTO", json.dumps({"conn_type": "ray", "host": "auto"}))
+    hook = RayHook("ray_auto")
+    assert hook.dashboard_url == ray_cluster.dashboard_url
+    assert hook.test_connection()[0]
+
+
+def test_auto_address_without_a_local_head_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_DASHBOARD_ADDRESS", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_AUTO", json.dumps({"conn_type": "ray", "host": "auto"}))
+    with pytest.raises(RayClusterError, match="no local Ray head was found.*ray start --head"):
+        RayHook("ray_auto").get_version()

@@ -6,38 +6,12 @@ epoch at a tiny learning rate) is registered as challenger only.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from emr_ray import storage
-from emr_ray.local.stack import LocalStack
+from tests.fixtures.pipeline import GOOD, ROWS, WEAK, dags_test
 
 pytestmark = pytest.mark.integration
-PROJECT = Path(__file__).resolve().parents[2]
-GOOD, WEAK = "2026-11-02", "2026-11-03"
-ROWS = 4000
-
-
-@pytest.fixture(scope="module")
-def stack(ray_cluster, cos_server, tmp_path_factory):
-    from include.data.synthetic import write_partitions
-
-    local = LocalStack(tmp_path_factory.mktemp("stack"), PROJECT, cos=cos_server, ray=ray_cluster).start()
-    write_partitions(local.raw_uri, GOOD, 2, ROWS, local.storage_options())
-    yield local
-    local.stop()
-
-
-def dags_test(stack: LocalStack, date: str, conf: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [str(Path(sys.executable).with_name("airflow")), "dags", "test", "retrain_tabular", date]
-    if conf:
-        cmd += ["--conf", conf]
-    env = os.environ | stack.airflow_env() | {"AIRFLOW_HOME": os.environ["AIRFLOW_HOME"]}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +85,29 @@ def test_champion_loads_and_predicts(stack, registry, runs):
     finally:
         mlflow.set_tracking_uri("")
     assert np.asarray(predictions).shape == (4, 2)
+
+
+def test_registration_emits_the_model_asset_event(runs):
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        events = (
+            session.query(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .filter(AssetModel.uri == "x-mlflow://models/tabular-mlp")
+            .all()
+        )
+        extras = [event.extra for event in events]
+    assert {str(e["version"]) for e in extras} >= {"1", "2"}
+    assert any(e["promoted"] for e in extras) and not all(e["promoted"] for e in extras)
+
+
+def test_downstream_scoring_dag_uses_the_champion(stack, runs, registry):
+    run = dags_test(stack, GOOD, dag_id="score_tabular")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    manifest = storage.read_manifest(storage.join(stack.staging_uri, "predictions", f"dt={GOOD}"))
+    staged = storage.read_manifest(storage.join(stack.staging_uri, "tabular", f"dt={GOOD}"))
+    assert manifest["rows"] == staged["outputs"]["test"]["rows"]
+    assert manifest["version"] == registry.get_model_version_by_alias("tabular-mlp", "champion").version
+    assert manifest["accuracy"] > 0.8

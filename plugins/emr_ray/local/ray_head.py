@@ -52,7 +52,6 @@ def cluster_env(state_dir: Path) -> dict[str, str]:
         "RAY_AUTH_TOKEN_PATH": str(state_dir / "auth_token"),
         "RAY_TMPDIR": str(ray_temp_dir(state_dir)),
         "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_DEDUP_LOGS": "0",
         "RAY_TRAIN_V2_ENABLED": "1",
         "HOME": str(state_dir / "home"),

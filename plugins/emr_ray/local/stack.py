@@ -73,6 +73,10 @@ class LocalStack:
         return f"cos://{BUCKET}/raw"
 
     @property
+    def digits_raw_uri(self) -> str:
+        return f"cos://{BUCKET}/raw_digits"
+
+    @property
     def staging_uri(self) -> str:
         return f"file://{self.root / 'data' / 'staging'}"
 
@@ -124,6 +128,7 @@ class LocalStack:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW_VAR_EMR_RAY_RAW_URI": self.raw_uri,
+            "AIRFLOW_VAR_EMR_RAY_DIGITS_RAW_URI": self.digits_raw_uri,
             "AIRFLOW_VAR_EMR_RAY_STAGING_URI": self.staging_uri,
             "AIRFLOW_VAR_EMR_RAY_CHECKPOINT_URI": self.checkpoint_uri,
             "PYTHONPATH": os.pathsep.join([str(self.project_root), os.environ.get("PYTHONPATH", "")]).rstrip(

@@ -205,11 +205,11 @@ class RayJobOperator(BaseOperator):
     def _cos_settings(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The COS connection split into the spec's public part and the job's secret env vars."""
         from emr_ray.hooks.cos import COSHook
+        from emr_ray.storage import StorageOptions
 
-        options = COSHook(self.cos_conn_id).pyarrow_s3_options()
-        public = {k: options.get(k) for k in ("endpoint_override", "scheme", "region")}
-        secrets = {env: options[key] for key, env in COS_SECRET_ENV.items() if options.get(key)}
-        return public, secrets
+        options = StorageOptions(**COSHook(self.cos_conn_id).pyarrow_s3_options())
+        secrets = {env: getattr(options, key) for key, env in COS_SECRET_ENV.items() if getattr(options, key)}
+        return options.public(), secrets
 
     def _reattach_or_submit(
         self, identity: TaskIdentity, spec: dict[str, Any], runtime_env: dict[str, Any]

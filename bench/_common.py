@@ -1,0 +1,190 @@
+"""Shared helpers for the benchmarks: isolated Ray state, the synthetic data set, timing and output.
+
+Everything lives under ``.state/bench`` (``rm -rf`` it to reset). Run the benchmarks inside the
+loopback-only namespace: ``bash scripts/loopback.sh .venv/bin/python bench/data_path.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = REPO / ".state" / "bench"
+RESULTS = REPO / "bench" / "results"
+FILES_PER_DATASET = 8
+
+for _path in (REPO, REPO / "plugins"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from include.data.synthetic import FEATURE_COLUMNS, LABEL_COLUMN, make_partition  # noqa: E402
+
+
+def setup_env() -> Path:
+    """Environment for an in-process Ray on 127.0.0.1 with its own temp dir, token and ``HOME``.
+
+    Must run before ``import ray``; Ray's worker processes inherit it (so they import ``include``).
+    """
+    from emr_ray.local.ray_head import cluster_env
+
+    ray_state = STATE / "ray"
+    (ray_state / "home").mkdir(parents=True, exist_ok=True)
+    token = ray_state / "auth_token"
+    if not token.exists():
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+    os.environ.update(cluster_env(ray_state))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "plugins")])
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    return ray_state
+
+
+def init_ray(num_cpus: int = 2) -> float:
+    """Start an in-process Ray node on 127.0.0.1; returns the seconds ``ray.init`` took."""
+    import logging
+
+    import ray
+
+    from emr_ray.local.ray_head import ray_temp_dir
+
+    ray_state = setup_env()
+    started = time.perf_counter()
+    ray.init(
+        num_cpus=num_cpus,
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        _temp_dir=str(ray_temp_dir(ray_state)),
+        object_store_memory=2_000_000_000,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+    seconds = time.perf_counter() - started
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return seconds
+
+
+def write_dataset(rows: int, name: str, *, files: int = FILES_PER_DATASET, seed: str = "bench") -> list[str]:
+    """``rows`` rows x 16 float32 features (standardized, as the staged partition is) + int64 label.
+
+    Written once as ``files`` Parquet files under ``.state/bench/data/<name>``; reused when present.
+    Deterministic: the same rows for the same arguments. Returns the files' absolute paths.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = STATE / "data" / name
+    marker = folder / "_DONE.json"
+    paths = [str(folder / f"part-{i:05d}.parquet") for i in range(files)]
+    meta = {"rows": rows, "files": files, "seed": seed, "columns": FEATURE_COLUMNS + [LABEL_COLUMN]}
+    if marker.exists() and json.loads(marker.read_text()) == meta:
+        return paths
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.parquet"):
+        old.unlink()
+    mean = std = None
+    for i, path in enumerate(paths):
+        n = rows // files + (1 if i < rows % files else 0)
+        table = make_partition(f"{seed}-{i}", n)
+        x = np.column_stack([table[c].to_numpy() for c in FEATURE_COLUMNS])
+        if mean is None:  # standardize with the first file's statistics ("fitted on a sample")
+            mean, std = x.mean(axis=0), x.std(axis=0)
+        x = ((x - mean) / std).astype(np.float32)
+        out = {c: x[:, j] for j, c in enumerate(FEATURE_COLUMNS)}
+        out[LABEL_COLUMN] = table[LABEL_COLUMN]
+        pq.write_table(pa.table(out), path)
+    marker.write_text(json.dumps(meta))
+    return paths
+
+
+def evict(paths: list[str]) -> None:
+    """Drop the files' pages from the OS page cache (``POSIX_FADV_DONTNEED``) so the next read is cold."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def table_to_tensors(table) -> tuple[Any, Any]:
+    """A pyarrow Table -> (features float32 [n, 16], labels int64 [n]) as torch tensors."""
+    import numpy as np
+    import torch
+
+    x = np.empty((table.num_rows, len(FEATURE_COLUMNS)), dtype=np.float32)
+    for j, c in enumerate(FEATURE_COLUMNS):
+        x[:, j] = table.column(c).to_numpy()
+    y = table.column(LABEL_COLUMN).to_numpy()
+    return torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
+
+
+def read_shard(paths: list[str]):
+    """``pyarrow.parquet.read_table`` of some files -> tensors (the upper-bound reader)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = FEATURE_COLUMNS + [LABEL_COLUMN]
+    tables = [pq.read_table(p, columns=columns) for p in paths]
+    return table_to_tensors(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+
+
+@contextmanager
+def timed(into: dict[str, Any], key: str) -> Iterator[None]:
+    """Record the block's wall-clock seconds and the 1-minute load average at its end."""
+    started = time.perf_counter()
+    yield
+    into[key] = round(time.perf_counter() - started, 3)
+    into[f"{key}_load1"] = round(os.getloadavg()[0], 2)
+
+
+def machine() -> dict[str, Any]:
+    import pyarrow
+    import ray
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "torch": torch.__version__,
+        "pyarrow": pyarrow.__version__,
+        "loadavg_at_start": [round(v, 2) for v in os.getloadavg()],
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub-markdown table (also readable on a terminal)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    return "\n".join(lines)
+
+
+def rate(rows: int, seconds: float | None) -> str:
+    if not seconds:
+        return "-"
+    value = rows / seconds
+    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.0f}k"

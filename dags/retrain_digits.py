@@ -1,0 +1,93 @@
+"""Daily retraining of the digits CNN: the same pipeline shape as the tabular DAG, on images.
+
+Spark on Ray scales and augments the 8x8 handwritten digits (one-pixel shifts), Ray Train fits a
+small CNN, MLflow registers ``digits-cnn`` and promotes it by alias only when test accuracy improves.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param
+
+from emr_ray.operators.mlflow import MLflowRegisterOperator
+from emr_ray.operators.ray import RayConnectOperator
+from emr_ray.operators.raydp import RayDPSparkOperator
+from emr_ray.operators.torch import TorchTrainOperator
+from emr_ray.sensors.cos import COSSensor
+
+PIXELS = [f"p{i:02d}" for i in range(64)]
+PARTITION = "{{ params.partition or ds }}"
+RAW = "{{ var.value.get('emr_ray_digits_raw_uri', 'cos://emr-ray-demo-1250000000/raw_digits') }}"
+STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
+CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
+STAGED = f"{STAGING}/digits/dt={PARTITION}"
+
+with DAG(
+    dag_id="retrain_digits",
+    description="Retrain the digits CNN on the day's partition and promote it if it beats the champion.",
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["emr-ray", "retraining", "images"],
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
+    params={
+        "partition": Param(
+            "", type="string", description="Partition date YYYY-MM-DD; empty means the logical date."
+        ),
+        "epochs": Param(12, type="integer", minimum=1, maximum=200),
+        "lr": Param(0.003, type="number", exclusiveMinimum=0),
+        "num_workers": Param(2, type="integer", minimum=1, maximum=64),
+    },
+    doc_md=__doc__,
+) as dag:
+    wait_for_partition = COSSensor(
+        task_id="wait_for_partition", bucket_key=f"{RAW}/dt={PARTITION}/_SUCCESS", poke_interval=60,
+        timeout=6 * 3600, mode="reschedule",
+    )  # fmt: skip
+    check_cluster = RayConnectOperator(task_id="check_cluster", min_ray_version="2.50", required_cpus=2)
+    preprocess = RayDPSparkOperator(
+        task_id="preprocess",
+        preprocess="include.preprocessing.digits:augment",
+        input_uri=RAW,
+        output_uri=f"{STAGING}/digits",
+        partition=PARTITION,
+        config={
+            "label_column": "label",
+            "required_columns": [*PIXELS, "label"],
+            "test_fraction": 0.2,
+            "seed": 42,
+        },
+        execution_timeout=timedelta(minutes=30),
+    )
+    train = TorchTrainOperator(
+        task_id="train",
+        train_loop="include.models.digits:train_loop",
+        datasets={"train": f"{STAGED}/train", "test": f"{STAGED}/test"},
+        storage_path=CHECKPOINTS,
+        config={
+            "feature_columns": PIXELS,
+            "label_column": "label",
+            "num_classes": 10,
+            "epochs": "{{ params.epochs }}",
+            "lr": "{{ params.lr }}",
+            "batch_size": 64,
+        },  # fmt: skip
+        num_workers="{{ params.num_workers }}",
+        score_attribute="test_accuracy",
+        score_order="max",
+        experiment_name="retrain_digits",
+        execution_timeout=timedelta(hours=1),
+    )
+    register = MLflowRegisterOperator(
+        task_id="register",
+        model_name="digits-cnn",
+        run_id="{{ ti.xcom_pull(task_ids='train')['mlflow_run_id'] }}",
+        metric="test_accuracy",
+        direction="max",
+        version_tags={"partition": PARTITION, "data_uri": STAGED},
+    )
+
+    wait_for_partition >> check_cluster >> preprocess >> train >> register

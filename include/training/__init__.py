@@ -1,0 +1,1 @@
+"""Training code shared by the models in include/models (runs on the Ray cluster)."""

@@ -1,0 +1,125 @@
+"""TorchTrainOperator resumes instead of restarting, on the real local Ray cluster and MLflow store.
+
+Two interruptions: the Airflow side is killed mid-training and the task is retried (the job of try
+1 is stopped, try 2 resumes from the latest checkpoint into the same MLflow run), and a Ray Train
+worker process dies (Ray Train restarts the worker group from the checkpoint, FailureConfig).
+Both runs must end with exactly the configured number of epochs. The Airflow task context is the
+small stand-in from ``test_ray_jobs``; Ray, Ray Train, Ray Data and MLflow are real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from emr_ray import storage
+from emr_ray.hooks.ray import RayHook
+from emr_ray.identity import TaskIdentity
+from emr_ray.operators.torch import TorchTrainOperator
+from tests.integration.test_ray_jobs import FakeTaskInstance, wait_for
+
+pytestmark = pytest.mark.integration
+EPOCHS = 6
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory) -> str:
+    """A committed, already standardized partition (written with pyarrow: no Spark needed here)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from include.data.synthetic import FEATURE_COLUMNS, make_partition
+
+    root = tmp_path_factory.mktemp("staged")
+    final = f"file://{root}/tabular/dt=2026-11-05"
+    tmp = storage.staging_uri(final)
+    table = make_partition("2026-11-05", 12000)
+    columns = {c: table[c].to_numpy() for c in FEATURE_COLUMNS}
+    for c, values in columns.items():
+        scaled = pa.array(((values - values.mean()) / values.std()).astype("float32"))
+        table = table.set_column(table.schema.get_field_index(c), c, scaled)
+    rows = {"train": table.slice(0, 10000), "test": table.slice(10000)}
+    for name, part in rows.items():
+        os.makedirs(f"{storage.split_uri(tmp)[1]}/{name}")
+        pq.write_table(part, f"{storage.split_uri(tmp)[1]}/{name}/part-0.parquet")
+    storage.commit(tmp, final, {"outputs": {n: {"rows": p.num_rows} for n, p in rows.items()}})
+    return final
+
+
+def make_operator(staged: str, checkpoints: Path, **kwargs) -> TorchTrainOperator:
+    from include.data.synthetic import FEATURE_COLUMNS
+
+    return TorchTrainOperator(
+        task_id="train",
+        train_loop="include.models.tabular:train_loop",
+        datasets={"train": f"{staged}/train", "test": f"{staged}/test"},
+        storage_path=f"file://{checkpoints}",
+        config={
+            "feature_columns": FEATURE_COLUMNS,
+            "label_column": "label",
+            "epochs": EPOCHS,
+            "batch_size": 32,
+        },
+        num_workers=2,
+        experiment_name="resume-tests",
+        poll_interval=0.5,
+        **kwargs,
+    )
+
+
+def wait_for_checkpoint(run_dir: Path, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not list(run_dir.glob("checkpoint_*")):
+        assert time.monotonic() < deadline, f"no checkpoint appeared under {run_dir}"
+        time.sleep(0.5)
+
+
+def epochs_logged(tracking_uri: str, run_id: str) -> list[int]:
+    import mlflow
+
+    history = mlflow.MlflowClient(tracking_uri=tracking_uri).get_metric_history(run_id, "test_accuracy")
+    return sorted({m.step for m in history})
+
+
+def test_airflow_retry_resumes_from_the_latest_checkpoint(ray_conn, mlflow_conn, staged, tmp_path):
+    hook = RayHook(ray_conn)
+    first = FakeTaskInstance("train", try_number=1)
+    op = make_operator(staged, tmp_path)
+    identity = TaskIdentity.from_context({"ti": first})
+    op._submission_id = op._reattach_or_submit(identity, op.build_spec({"ds": "2026-11-05"}, identity), {})
+    wait_for_checkpoint(Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name)
+    op.on_kill()  # the Airflow worker was killed: its job is stopped, nothing is left running
+    assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
+
+    retry = FakeTaskInstance("train", try_number=2, run_id=first.run_id)
+    result = make_operator(staged, tmp_path).execute({"ti": retry, "ds": "2026-11-05"})
+    assert result["epochs_completed"] == EPOCHS
+    assert result["final_metrics"]["start_epoch"] > 0, "the retry trained from scratch instead of resuming"
+    assert epochs_logged(mlflow_conn.tracking_uri, result["mlflow_run_id"]) == list(range(EPOCHS))
+    again = make_operator(staged, tmp_path).execute({"ti": FakeTaskInstance("train", 3, first.run_id)})
+    assert again["reused"] and again["mlflow_run_id"] == result["mlflow_run_id"]
+
+
+def test_a_killed_worker_is_restarted_from_its_checkpoint(ray_conn, mlflow_conn, staged, tmp_path):
+    import threading
+
+    ti = FakeTaskInstance("train")
+    identity = TaskIdentity.from_context({"ti": ti})
+    run_dir = Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name
+    outcome: dict = {}
+    worker = threading.Thread(
+        target=lambda: outcome.update(make_operator(staged, tmp_path, max_failures=2).execute({"ti": ti}))
+    )
+    worker.start()
+    wait_for_checkpoint(run_dir)
+    pids = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
+    assert pids, "no Ray Train worker process found"
+    os.kill(int(pids[0]), signal.SIGKILL)
+    worker.join(timeout=600)
+    assert outcome["epochs_completed"] == EPOCHS
+    assert outcome["final_metrics"]["start_epoch"] > 0
