@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 STATE = REPO / ".state" / "bench"
 RESULTS = REPO / "bench" / "results"
 FILES_PER_DATASET = 8
+_ENV_BEFORE_RAY = False  # setup_env() ran before ray was imported
 
 for _path in (REPO, REPO / "plugins"):
     if str(_path) not in sys.path:
@@ -44,18 +45,24 @@ def setup_env() -> Path:
         token.chmod(0o600)
     os.environ.update(cluster_env(ray_state))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "plugins")])
-    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    global _ENV_BEFORE_RAY
+    _ENV_BEFORE_RAY = _ENV_BEFORE_RAY or "ray" not in sys.modules
     return ray_state
 
 
 def init_ray(num_cpus: int = 2) -> float:
-    """Start an in-process Ray node on 127.0.0.1; returns the seconds ``ray.init`` took."""
+    """Start an in-process Ray node on 127.0.0.1; returns the seconds ``ray.init`` took.
+
+    Call :func:`setup_env` first, before anything imports ``ray``.
+    """
     import logging
 
     import ray
 
     from emr_ray.local.ray_head import ray_temp_dir
 
+    if not _ENV_BEFORE_RAY:
+        raise RuntimeError("call setup_env() before anything imports ray (Ray reads RAY_AUTH_MODE at import)")
     ray_state = setup_env()
     started = time.perf_counter()
     ray.init(

@@ -209,7 +209,7 @@ def run_variant(name: str, ds, ds_test, use_gpu: bool, args) -> dict[str, Any]:
             out["checkpoint_tensor_locations_error"] = repr(exc)
     acc = out["final_metrics"].get("test_accuracy", 0.0)
     checks = {
-        "device_is_cuda": worker.get("device_type") == "cuda"
+        "device_as_expected": worker.get("device_type") == "cuda"
         if use_gpu
         else worker.get("device_type") == "cpu",
         "test_accuracy_gt_0_8": acc > 0.8,

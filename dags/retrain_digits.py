@@ -56,7 +56,8 @@ with DAG(
         partition=PARTITION,
         config={
             "label_column": "label",
-            "required_columns": [*PIXELS, "label"],
+            "schema": {**dict.fromkeys(PIXELS, "double"), "label": "int64"},
+            "finite_columns": PIXELS,
             "test_fraction": 0.2,
             "seed": 42,
         },

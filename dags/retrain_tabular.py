@@ -64,10 +64,11 @@ with DAG(
         config={
             "feature_columns": FEATURES,
             "label_column": LABEL,
-            "required_columns": [*FEATURES, LABEL],
+            "schema": {**dict.fromkeys(FEATURES, "double"), LABEL: "int64"},
+            "finite_columns": [*FEATURES, LABEL],
             "test_fraction": 0.2,
             "seed": 42,
-        },  # fmt: skip
+        },
         num_executors=1,
         executor_cores=1,
         executor_memory="1g",

@@ -13,6 +13,7 @@ from typing import Any
 
 from emr_ray import storage
 from emr_ray.jobs._runtime import JobInputError, main, storage_options
+from emr_ray.jobs.validation import schema_problems, value_problems
 from emr_ray.spec import import_by_path
 
 log = logging.getLogger("emr_ray.jobs.spark")
@@ -104,6 +105,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     spark_spec = spec["spark"]
 
     files = input_files(input_uri, options)
+    _raise_if(schema_problems(files, config.get("schema", {}), input_uri, options), input_uri)
     ray.init(address="auto", logging_level=logging.WARNING)
     started = time.monotonic()
     spark = raydp.init_spark(
@@ -120,6 +122,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         df = read_partition(spark, input_uri, files, options).cache()
         validate_columns(df, config.get("required_columns", []), input_uri)
+        _raise_if(value_problems(df, config.get("finite_columns", [])), input_uri)
         rows_in = df.count()
         log.info("Read %d rows from %s", rows_in, input_uri)
         if rows_in == 0:
@@ -156,6 +159,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "rows_out": {name: item["rows"] for name, item in written.items()},
         "outputs": {name: item["uri"] for name, item in written.items()},
     }
+
+
+def _raise_if(problems: list[str], uri: str) -> None:
+    if problems:
+        raise JobInputError(
+            f"Input partition {uri} failed validation: "
+            + "; ".join(problems)
+            + ". Fix the producer (or the step's declared schema) and rerun; nothing was written."
+        )
 
 
 def _remove_quietly(uri: str, options: storage.StorageOptions) -> None:

@@ -111,6 +111,30 @@ def _start_mlflow_run(spec: dict[str, Any], state: dict[str, Any]) -> str:
     return run.info.run_id
 
 
+def _backfill_checkpoint_metrics(fsys, run_path: str, tracking_uri: str, mlflow_run_id: str) -> None:
+    """Log the epochs a stopped attempt checkpointed but had no time to send to MLflow."""
+    import mlflow
+    from pyarrow import fs as pafs
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    logged = {m.step for m in client.get_metric_history(mlflow_run_id, "test_loss")}
+    infos = fsys.get_file_info(pafs.FileSelector(run_path, allow_not_found=True))
+    for info in sorted(
+        i.path for i in infos if i.type == pafs.FileType.Directory and "/checkpoint_" in i.path
+    ):
+        if fsys.get_file_info(f"{info}/metrics.json").type != pafs.FileType.File:
+            continue
+        with fsys.open_input_stream(f"{info}/metrics.json") as f:
+            metrics = json.loads(f.read().decode())
+        epoch = int(metrics.pop("epoch", -1))
+        if epoch >= 0 and epoch not in logged:
+            stamp = int(time.time() * 1000)
+            numeric = [mlflow.entities.Metric(k, float(v), stamp, epoch) for k, v in metrics.items()
+                       if isinstance(v, (int, float))]  # fmt: skip
+            client.log_batch(mlflow_run_id, metrics=numeric)
+            log.info("Backfilled MLflow metrics of checkpointed epoch %d", epoch)
+
+
 def _log_model(spec: dict[str, Any], mlflow_run_id: str, checkpoint, example) -> None:
     """Rebuild the model from the best checkpoint and log it (with signature and input example)."""
     import mlflow
@@ -166,9 +190,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     datasets = {name: _load_dataset(uri, options) for name, uri in spec["datasets"].items()}
     rows = {name: ds.count() for name, ds in datasets.items()}
     log.info("Loaded datasets %s in %.1fs", rows, time.monotonic() - started)
+    resuming = bool(state.get("mlflow_run_id"))
     state = {"fingerprint": print_key, "mlflow_run_id": _start_mlflow_run(spec, state)}
     _write_state(fsys, run_path, state)
     mlflow_run_id = state["mlflow_run_id"]
+    if resuming:
+        _backfill_checkpoint_metrics(fsys, run_path, spec["mlflow"]["tracking_uri"], mlflow_run_id)
 
     scaling, ckpt, failure = spec["scaling"], spec.get("checkpoint", {}), spec.get("failure", {})
     epochs = int(spec["config"].get("epochs", 5))

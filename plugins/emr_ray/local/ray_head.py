@@ -33,6 +33,11 @@ class LocalRay:
     state_dir: Path
     gcs_address: str
 
+    def job_runtime_env(self, project_root: Path) -> dict[str, dict[str, str]]:
+        """The runtime_env a ``ray`` connection to this head gives every job: where ``include/`` is,
+        and the head's address, so helper processes never pick another Ray found on the machine."""
+        return {"env_vars": {"PYTHONPATH": str(project_root), "RAY_ADDRESS": self.gcs_address}}
+
     def connection_uri_env(self) -> dict[str, str]:
         """Environment for processes that act as clients of this head (``ray`` CLI, ``ray.init``)."""
         return cluster_env(self.state_dir) | {"RAY_ADDRESS": self.gcs_address}

@@ -99,7 +99,7 @@ class LocalStack:
                 "host": self.ray.dashboard_url,
                 "password": self.ray.token,
                 # How the cluster finds include/: on EMR this is the project's install path.
-                "extra": {"runtime_env": {"env_vars": {"PYTHONPATH": str(self.project_root)}}},
+                "extra": {"runtime_env": self.ray.job_runtime_env(self.project_root)},
             },
             "cos_default": {
                 "conn_type": "cos",

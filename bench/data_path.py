@@ -1,0 +1,402 @@
+"""Benchmark: rows/s from staged Parquet into torch tensors, for the Spark handoff and the Ray paths.
+
+Same synthetic data for every path (``--rows`` x 16 float32 features + int64 label, in 8 Parquet
+files under ``.state/bench/data``). Paths:
+
+* ``a_off`` / ``a_on``: the seed article's path on Spark on Ray (RayDP, 1 executor x 1 core, 2g):
+  ``spark.read.parquet`` -> ``toPandas()`` -> ``torch.tensor`` -> ``TensorDataset``, with Arrow off
+  (Spark's default) and with ``spark.sql.execution.arrow.pyspark.enabled=true``; one Spark session each.
+* ``b``: what ``emr_ray.jobs.train`` does today: ``ray.data.read_parquet(files).materialize()`` on the
+  driver, then 2 actors (1 CPU each, as the 2 train workers) iterate their ``streaming_split(2,
+  equal=True)`` shard with ``iter_torch_batches`` and stack the feature columns, as
+  ``include.models.tabular._batches`` does. Timed: materialize + one pass; actor start-up is
+  reported apart (it is train-worker start-up). ``reiterate`` is a second pass over the same
+  materialized data (an epoch after the first).
+* ``b2``: the alternative in issue 4: 2 actors each read their own files (round-robin by rank) with
+  ``pyarrow.parquet.read_table`` -> ``torch.from_numpy``, then slice minibatches.
+* ``c``: ``pyarrow.parquet.read_table`` -> ``torch.from_numpy`` in this one process (upper bound).
+
+Cold: the first read of a session (fresh Spark session / fresh actors), after dropping the files
+from the OS page cache. Warm: the following reads (``--repeat`` of them). Start-up (``ray.init``,
+``raydp.init_spark``, actor start) is reported apart, not in the rows/s. Figures are wall-clock on
+a shared, loaded 2-core machine: each carries the 1-minute load average at the time.
+
+Run inside the loopback-only namespace::
+
+    bash scripts/loopback.sh .venv/bin/python bench/data_path.py --rows 1000000 --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import (  # noqa: E402
+    FEATURE_COLUMNS,
+    FILES_PER_DATASET,
+    LABEL_COLUMN,
+    evict,
+    init_ray,
+    machine,
+    rate,
+    read_shard,
+    setup_env,
+    table,
+    timed,
+    write_dataset,
+    write_json,
+)
+
+PATHS = ("c", "b", "b2", "a_on", "a_off")
+LABELS = {
+    "a_off": "(a) Spark toPandas, Arrow off (default) -> TensorDataset",
+    "a_on": "(a) Spark toPandas, Arrow on -> TensorDataset",
+    "b": "(b) today: read_parquet.materialize -> 2 actors iter_torch_batches",
+    "b2": "(b2) 2 actors, own files: read_table -> from_numpy",
+    "c": "(c) read_table -> from_numpy, 1 process (upper bound)",
+}
+
+
+class BatchConsumer:
+    """Stands in for a train worker fed by Ray Data: iterates its shard as ``tabular._batches`` does."""
+
+    def __init__(self) -> None:
+        import ray.data  # noqa: F401  (imports paid here, as in a started train worker)
+        import torch  # noqa: F401
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def consume(self, shard, batch_size: int) -> dict[str, Any]:
+        import torch
+
+        started = time.perf_counter()
+        rows = batches = 0
+        for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False):
+            x = torch.stack([batch[c].to(torch.float32) for c in FEATURE_COLUMNS], dim=1)
+            y = batch[LABEL_COLUMN].to(torch.long)
+            rows += len(y)
+            batches += 1
+            assert x.shape == (len(y), len(FEATURE_COLUMNS))
+        return {"rows": rows, "batches": batches, "seconds": time.perf_counter() - started}
+
+
+class ShardReader:
+    """The per-worker design: rank ``rank`` of ``world`` reads files ``rank::world`` itself."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        import pyarrow.parquet  # noqa: F401
+        import torch  # noqa: F401
+
+        self.rank, self.world = rank, world
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def read(self, files: list[str], batch_size: int) -> dict[str, Any]:
+        from bench._common import read_shard
+
+        started = time.perf_counter()
+        x, y = read_shard(files[self.rank :: self.world])
+        read_seconds = time.perf_counter() - started
+        batches = 0
+        for i in range(0, len(y), batch_size):  # what the train loop would do with the tensors
+            xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+            batches += 1
+            assert len(xb) == len(yb)
+        return {
+            "rows": len(y),
+            "batches": batches,
+            "read_seconds": read_seconds,
+            "seconds": time.perf_counter() - started,
+        }
+
+
+def _summary(runs: list[dict[str, Any]], rows: int) -> dict[str, Any]:
+    cold, warm = runs[0], runs[1:]
+    warm_s = [r["seconds"] for r in warm]
+    return {
+        "cold_s": cold["seconds"],
+        "cold_load1": cold["seconds_load1"],
+        "warm_s": warm_s,
+        "warm_load1": [r["seconds_load1"] for r in warm],
+        "warm_median_s": statistics.median(warm_s) if warm_s else None,
+        "cold_rows_per_s": rows / cold["seconds"],
+        "warm_rows_per_s": rows / statistics.median(warm_s) if warm_s else None,
+        "runs": runs,
+    }
+
+
+def bench_c(files: list[str], rows: int, repeat: int) -> dict[str, Any]:
+    runs = []
+    for i in range(repeat + 1):
+        if i == 0:
+            evict(files)
+        run: dict[str, Any] = {}
+        with timed(run, "seconds"):
+            x, y = read_shard(files)
+        assert len(y) == rows and x.shape == (rows, len(FEATURE_COLUMNS))
+        runs.append(run)
+        del x, y
+    return _summary(runs, rows)
+
+
+def bench_b(files: list[str], rows: int, repeat: int, batch_size: int, workers: int) -> dict[str, Any]:
+    import ray
+    import ray.data
+
+    consumer = ray.remote(num_cpus=1)(BatchConsumer)
+    runs = []
+    for i in range(repeat + 1):
+        if i == 0:
+            evict(files)
+        run: dict[str, Any] = {}
+        with timed(run, "materialize_s"):
+            ds = ray.data.read_parquet(files, partitioning=None).materialize()
+        with timed(run, "actor_start_s"):  # not counted: this is train-worker start-up
+            actors = [consumer.remote() for _ in range(workers)]
+            ray.get([a.ready.remote() for a in actors])
+        with timed(run, "iterate_s"):
+            splits = ds.streaming_split(workers, equal=True)
+            out = ray.get([a.consume.remote(s, batch_size) for a, s in zip(actors, splits, strict=True)])
+        with timed(run, "reiterate_s"):  # epoch 2: the same materialized data again
+            splits = ds.streaming_split(workers, equal=True)
+            again = ray.get([a.consume.remote(s, batch_size) for a, s in zip(actors, splits, strict=True)])
+        run["seconds"] = round(run["materialize_s"] + run["iterate_s"], 3)
+        run["seconds_load1"] = run["iterate_s_load1"]
+        run["rows_per_worker"] = [o["rows"] for o in out]
+        run["batches_per_worker"] = [o["batches"] for o in out]
+        assert sum(o["rows"] for o in out) == rows == sum(o["rows"] for o in again), out
+        for a in actors:
+            ray.kill(a)
+        del ds
+        runs.append(run)
+    result = _summary(runs, rows)
+    warm = runs[1:] or runs
+    result["reiterate_median_s"] = statistics.median(r["reiterate_s"] for r in warm)
+    result["materialize_median_s"] = statistics.median(r["materialize_s"] for r in warm)
+    result["iterate_median_s"] = statistics.median(r["iterate_s"] for r in warm)
+    result["actor_start_median_s"] = statistics.median(r["actor_start_s"] for r in runs)
+    return result
+
+
+def bench_b2(files: list[str], rows: int, repeat: int, batch_size: int, workers: int) -> dict[str, Any]:
+    import ray
+
+    reader = ray.remote(num_cpus=1)(ShardReader)
+    runs = []
+    for i in range(repeat + 1):
+        if i == 0:
+            evict(files)
+        run: dict[str, Any] = {}
+        with timed(run, "actor_start_s"):  # not counted
+            actors = [reader.remote(rank, workers) for rank in range(workers)]
+            ray.get([a.ready.remote() for a in actors])
+        with timed(run, "seconds"):
+            out = ray.get([a.read.remote(files, batch_size) for a in actors])
+        run["rows_per_worker"] = [o["rows"] for o in out]
+        run["worker_read_s"] = [round(o["read_seconds"], 3) for o in out]
+        assert sum(o["rows"] for o in out) == rows, out
+        for a in actors:
+            ray.kill(a)
+        runs.append(run)
+    result = _summary(runs, rows)
+    result["actor_start_median_s"] = statistics.median(r["actor_start_s"] for r in runs)
+    return result
+
+
+def bench_a(files: list[str], rows: int, repeat: int, *, arrow: bool) -> dict[str, Any]:
+    import raydp
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from emr_ray.jobs.spark import spark_configs
+
+    extra = {
+        "spark.sql.execution.arrow.pyspark.enabled": "true" if arrow else "false",
+        "spark.driver.memory": "4g",
+        "spark.driver.maxResultSize": "4g",
+    }
+    result: dict[str, Any] = {}
+    with timed(result, "init_spark_s"):
+        spark = raydp.init_spark(
+            app_name=f"bench-arrow-{'on' if arrow else 'off'}",
+            num_executors=1,
+            executor_cores=1,
+            executor_memory="2g",
+            configs=spark_configs(extra),
+        )
+    runs = []
+    try:
+        uris = [f"file://{f}" for f in files]
+        for i in range(repeat + 1):
+            if i == 0:
+                evict(files)
+            run: dict[str, Any] = {}
+            with timed(run, "seconds"):
+                pdf = spark.read.parquet(*uris).toPandas()
+                x = torch.tensor(pdf[FEATURE_COLUMNS].values, dtype=torch.float32)
+                y = torch.tensor(pdf[LABEL_COLUMN].values, dtype=torch.long)
+                dataset = TensorDataset(x, y)
+            assert len(dataset) == rows
+            runs.append(run)
+            del pdf, x, y, dataset
+    finally:
+        with timed(result, "stop_spark_s"):
+            raydp.stop_spark()
+    return result | _summary(runs, rows)
+
+
+def verdict(paths: dict[str, Any], which: str, key: str) -> dict[str, Any]:
+    """Issue 4's targets for ``which`` (b or b2) on ``key`` (cold_s or warm_median_s)."""
+    mine = paths.get(which, {}).get(key)
+    out: dict[str, Any] = {}
+    if not mine:
+        return out
+    if paths.get("a_off", {}).get(key):
+        out["speedup_vs_a_off"] = round(paths["a_off"][key] / mine, 2)
+        out["ge_5x_a_off"] = out["speedup_vs_a_off"] >= 5
+    if paths.get("a_on", {}).get(key):
+        out["speedup_vs_a_on"] = round(paths["a_on"][key] / mine, 2)
+        out["faster_than_a_on"] = out["speedup_vs_a_on"] > 1
+    if paths.get("c", {}).get(key):
+        out["slowdown_vs_c"] = round(mine / paths["c"][key], 2)
+        out["within_2x_c"] = out["slowdown_vs_c"] <= 2
+    out["meets_all"] = all(v for k, v in out.items() if k.startswith(("ge_", "faster_", "within_")))
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    rows, paths = result["rows"], result["paths"]
+    lines = [
+        f"data_path: {rows:,} rows x {len(FEATURE_COLUMNS)} float32 features + label, "
+        f"{result['files']} Parquet files, batch size {result['batch_size']}, {result['workers']} workers; "
+        f"ray.init {result.get('ray_init_s', '-')} s; load average at start {result['machine']['loadavg_at_start']}",
+        "",
+    ]
+    body = []
+    for key in PATHS[::-1]:
+        p = paths.get(key)
+        if not p:
+            continue
+        warm = p["warm_median_s"]
+        body.append(
+            [
+                LABELS[key],
+                f"{p['cold_s']:.2f}",
+                rate(rows, p["cold_s"]),
+                f"{warm:.2f}" if warm else "-",
+                rate(rows, warm),
+                f"{p['cold_load1']} / {', '.join(str(v) for v in p['warm_load1'])}",
+            ]
+        )
+    lines.append(
+        table(["path", "cold s", "cold rows/s", "warm s (median)", "warm rows/s", "load1 cold / warm"], body)
+    )
+    extra = []
+    if "b" in paths:
+        b = paths["b"]
+        extra.append(
+            f"(b) parts (warm median): materialize {b['materialize_median_s']:.2f} s, iterate "
+            f"{b['iterate_median_s']:.2f} s; a second pass over the materialized data (epoch >= 2) "
+            f"{b['reiterate_median_s']:.2f} s = {rate(rows, b['reiterate_median_s'])} rows/s; "
+            f"actor start {b['actor_start_median_s']:.2f} s (not counted)"
+        )
+    if "b2" in paths:
+        extra.append(f"(b2) actor start {paths['b2']['actor_start_median_s']:.2f} s (not counted)")
+    for key in ("a_off", "a_on"):
+        if key in paths:
+            extra.append(
+                f"{key}: raydp.init_spark {paths[key]['init_spark_s']:.1f} s, "
+                f"stop_spark {paths[key]['stop_spark_s']:.1f} s (not counted)"
+            )
+    lines += [""] + [f"- {e}" for e in extra]
+    lines += ["", "Issue 4 targets (b at least 5x faster than a_off, faster than a_on, within 2x of c):"]
+    body = []
+    for which in ("b", "b2"):
+        for name in ("cold", "warm"):
+            v = result["targets"].get(which, {}).get(name)
+            if v:
+                body.append(
+                    [
+                        f"{which} {name}",
+                        f"{v.get('speedup_vs_a_off', '-')}x",
+                        f"{v.get('speedup_vs_a_on', '-')}x",
+                        f"{v.get('slowdown_vs_c', '-')}x",
+                        "yes" if v["meets_all"] else "no",
+                    ]
+                )
+    lines.append(table(["design", "vs a_off (>=5)", "vs a_on (>1)", "vs c (<=2)", "meets all"], body))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=2, help="warm reads per path (after the cold one)")
+    parser.add_argument("--batch-size", type=int, default=256, help="the tabular DAG's default")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"subset of {','.join(PATHS)}")
+    args = parser.parse_args(argv)
+    chosen = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = set(chosen) - set(PATHS)
+    if unknown:
+        parser.error(f"unknown path(s) {sorted(unknown)}; choose from {PATHS}")
+
+    setup_env()  # before anything imports ray: Ray reads RAY_AUTH_MODE at import
+    started = time.perf_counter()
+    files = write_dataset(args.rows, f"rows-{args.rows}")
+    print(f"data ready in {time.perf_counter() - started:.1f} s: {os.path.dirname(files[0])}", flush=True)
+    result: dict[str, Any] = {
+        "rows": args.rows,
+        "files": FILES_PER_DATASET,
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "repeat": args.repeat,
+        "paths": {},
+    }
+    paths = result["paths"]
+    if "c" in chosen:
+        paths["c"] = bench_c(files, args.rows, args.repeat)
+        print(f"c done: cold {paths['c']['cold_s']} s", flush=True)
+    import ray
+
+    result["ray_init_s"] = round(init_ray(num_cpus=2), 2)
+    result["machine"] = machine()
+    try:
+        if "b" in chosen:
+            paths["b"] = bench_b(files, args.rows, args.repeat, args.batch_size, args.workers)
+            print(f"b done: cold {paths['b']['cold_s']} s", flush=True)
+        if "b2" in chosen:
+            paths["b2"] = bench_b2(files, args.rows, args.repeat, args.batch_size, args.workers)
+            print(f"b2 done: cold {paths['b2']['cold_s']} s", flush=True)
+        for key in ("a_on", "a_off"):
+            if key in chosen:
+                paths[key] = bench_a(files, args.rows, args.repeat, arrow=key == "a_on")
+                print(f"{key} done: cold {paths[key]['cold_s']} s", flush=True)
+    finally:
+        ray.shutdown()
+    result["targets"] = {
+        which: {"cold": verdict(paths, which, "cold_s"), "warm": verdict(paths, which, "warm_median_s")}
+        for which in ("b", "b2")
+    }
+    result["loadavg_at_end"] = [round(v, 2) for v in os.getloadavg()]
+    result["total_s"] = round(time.perf_counter() - started, 1)
+    text = report(result)
+    result["table"] = text
+    path = write_json(f"data_path-{args.rows}.json", result)
+    print(text)
+    print(f"\nwritten {path} in {result['total_s']} s total")
+
+
+if __name__ == "__main__":
+    main()
