@@ -191,7 +191,11 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def rate(rows: int, seconds: float | None) -> str:
-    if not seconds:
+    """``rows / seconds`` for a table, e.g. ``1.23M`` or ``456k``."""
+    return per_second(rows / seconds if seconds else None)
+
+
+def per_second(value: float | None) -> str:
+    if not value:
         return "-"
-    value = rows / seconds
     return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.0f}k"

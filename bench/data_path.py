@@ -29,8 +29,10 @@ Run inside the loopback-only namespace::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +44,7 @@ from bench._common import (  # noqa: E402
     FEATURE_COLUMNS,
     FILES_PER_DATASET,
     LABEL_COLUMN,
+    STATE,
     evict,
     init_ray,
     machine,
@@ -92,8 +95,10 @@ class ShardReader:
     """The per-worker design: rank ``rank`` of ``world`` reads files ``rank::world`` itself."""
 
     def __init__(self, rank: int, world: int) -> None:
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow.parquet  # noqa: F401  (imports paid here, as in a started train worker)
         import torch  # noqa: F401
+
+        import bench._common  # noqa: F401
 
         self.rank, self.world = rank, world
 
@@ -135,6 +140,9 @@ def _summary(runs: list[dict[str, Any]], rows: int) -> dict[str, Any]:
 
 
 def bench_c(files: list[str], rows: int, repeat: int) -> dict[str, Any]:
+    import pyarrow.parquet  # noqa: F401  (imports are not part of the read)
+    import torch  # noqa: F401
+
     runs = []
     for i in range(repeat + 1):
         if i == 0:
@@ -223,6 +231,7 @@ def bench_a(files: list[str], rows: int, repeat: int, *, arrow: bool) -> dict[st
         "spark.sql.execution.arrow.pyspark.enabled": "true" if arrow else "false",
         "spark.driver.memory": "4g",
         "spark.driver.maxResultSize": "4g",
+        "spark.ui.showConsoleProgress": "false",
     }
     result: dict[str, Any] = {}
     with timed(result, "init_spark_s"):
@@ -252,6 +261,36 @@ def bench_a(files: list[str], rows: int, repeat: int, *, arrow: bool) -> dict[st
         with timed(result, "stop_spark_s"):
             raydp.stop_spark()
     return result | _summary(runs, rows)
+
+
+def spark_in_child(key: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``bench_a`` in a child process attached to this Ray cluster, one Spark session per child.
+
+    A second ``raydp.init_spark`` after ``stop_spark`` in the same process loses its app master
+    (the actor dies at start) with RayDP 1.6.5 here; a fresh driver process per session does not.
+    """
+    import ray
+
+    out = STATE / f"spark-{key}.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--rows", str(args.rows), "--repeat", str(args.repeat)]
+    cmd += ["--spark-child", key, "--ray-address", ray.get_runtime_context().gcs_address]
+    subprocess.run(cmd, check=True, env=os.environ | {"BENCH_CHILD_OUT": str(out)})
+    return json.loads(out.read_text())
+
+
+def spark_child(key: str, args: argparse.Namespace) -> None:
+    import logging
+
+    import ray
+
+    files = write_dataset(args.rows, f"rows-{args.rows}")
+    ray.init(address=args.ray_address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        result = bench_a(files, args.rows, args.repeat, arrow=key == "a_on")
+    finally:
+        ray.shutdown()
+    Path(os.environ["BENCH_CHILD_OUT"]).write_text(json.dumps(result))
 
 
 def verdict(paths: dict[str, Any], which: str, key: str) -> dict[str, Any]:
@@ -346,7 +385,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="the tabular DAG's default")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--paths", default=",".join(PATHS), help=f"subset of {','.join(PATHS)}")
+    parser.add_argument("--spark-child", choices=["a_on", "a_off"], help=argparse.SUPPRESS)
+    parser.add_argument("--ray-address", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.spark_child:
+        setup_env()
+        spark_child(args.spark_child, args)
+        return
     chosen = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = set(chosen) - set(PATHS)
     if unknown:
@@ -381,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"b2 done: cold {paths['b2']['cold_s']} s", flush=True)
         for key in ("a_on", "a_off"):
             if key in chosen:
-                paths[key] = bench_a(files, args.rows, args.repeat, arrow=key == "a_on")
+                paths[key] = spark_in_child(key, args)
                 print(f"{key} done: cold {paths[key]['cold_s']} s", flush=True)
     finally:
         ray.shutdown()

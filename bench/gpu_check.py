@@ -44,7 +44,19 @@ if REPO_ROOT not in sys.path:
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-from include.models.tabular import _batches, build_model, train_loop  # noqa: E402,F401
+from collections.abc import Callable  # noqa: E402,F401  (used by the exec'd fixed loop)
+
+from include.models.tabular import build_model, train_loop  # noqa: E402
+
+try:  # the loop's body lives in include.training.loop.run_epochs (older trees: in train_loop itself)
+    from include.training import loop as _loop_module  # noqa: E402
+    from include.training.loop import _batches  # noqa: E402,F401
+
+    _LOOP_BODY = _loop_module.run_epochs
+except ImportError:  # pragma: no cover
+    from include.models.tabular import _batches  # noqa: E402,F401
+
+    _LOOP_BODY = train_loop
 
 FEATURES = [f"f{i:02d}" for i in range(16)]
 LABEL = "label"
@@ -68,15 +80,24 @@ def save() -> None:
 
 def _fixed_train_loop_source() -> str:
     """``train_loop``'s source with the accumulator moved onto the training device."""
-    src = inspect.getsource(train_loop)
+    src = inspect.getsource(_LOOP_BODY)
     if src.count(ACCUMULATOR) != 1:
-        raise RuntimeError("train_loop no longer holds the expected accumulator line; update gpu_check.py")
+        raise RuntimeError(
+            f"{_LOOP_BODY.__name__} no longer holds the expected accumulator line; update gpu_check.py"
+        )
     src = src.replace(ACCUMULATOR, "sums = torch.zeros(5, dtype=torch.float64, device=device)")
-    return src.replace("def train_loop(", "def fixed_train_loop(", 1)
+    return src.replace(f"def {_LOOP_BODY.__name__}(", "def _fixed_body(", 1)
 
 
 # Defined in this (``__main__``) module so cloudpickle ships it by value to the worker.
-exec(compile(_fixed_train_loop_source(), "<fixed_train_loop>", "exec"), globals())
+exec(compile(_fixed_train_loop_source(), "<fixed_loop>", "exec"), globals())
+
+
+def fixed_train_loop(config: dict[str, Any]) -> None:
+    """``train_loop`` with the metric accumulator on the training device."""
+    if _LOOP_BODY is train_loop:
+        return _fixed_body(config)  # noqa: F821
+    return _fixed_body(config, build_model)  # noqa: F821
 
 
 def checked_loop(config: dict[str, Any]):
@@ -86,7 +107,7 @@ def checked_loop(config: dict[str, Any]):
     from ray.train.torch import get_device
 
     expect_cuda = bool(config.get("_expect_cuda"))
-    inner = fixed_train_loop if config.get("_inner") == "fixed" else train_loop  # noqa: F821
+    inner = fixed_train_loop if config.get("_inner") == "fixed" else train_loop
     loop_config = {k: v for k, v in config.items() if not k.startswith("_")}
 
     device = get_device()
@@ -169,7 +190,7 @@ def run_variant(name: str, ds, ds_test, use_gpu: bool, args) -> dict[str, Any]:
         "torch_backend": "cpu:gloo,cuda:nccl" if torch_config else "default (nccl with use_gpu=True)",
         "loop": "include.models.tabular.train_loop"
         if config["_inner"] == "real"
-        else "copy of train_loop with sums on the training device",
+        else f"copy of {_LOOP_BODY.__module__}.{_LOOP_BODY.__name__} with sums on the training device",
     }
     trainer = TorchTrainer(
         checked_loop,

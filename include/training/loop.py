@@ -56,7 +56,8 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
     for epoch in range(start_epoch, int(config.get("epochs", 5))):
         started = time.monotonic()
         model.train()
-        sums = torch.zeros(5, dtype=torch.float64)  # train loss, train rows, test loss, correct, test rows
+        # train loss, train rows, test loss, correct, test rows; on the device, as NCCL reduces no CPU tensors
+        sums = torch.zeros(5, dtype=torch.float64, device=device)
         for x, y in _batches(train_shard, config, device):
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)

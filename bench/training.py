@@ -1,0 +1,359 @@
+"""Benchmark: training samples/s of the tabular MLP, plain PyTorch vs the TorchTrainer job path.
+
+The same model (``include.models.tabular.build_model``), loss, optimizer, batch size and data
+(``--rows`` synthetic rows, 90% train / 10% test, standardized float32) for:
+
+* ``a``: plain single-process PyTorch on tensors in memory (minibatches by slicing, the same
+  per-epoch train + test evaluation as the Ray loop), with torch's default thread count and with 1
+  thread (a Ray Train worker with 1 CPU gets ``OMP_NUM_THREADS=1``); ``a_loader`` is the seed
+  article's ``DataLoader(TensorDataset)``.
+* ``b`` / ``c``: ``include.models.tabular.train_loop`` under ``ray.train.torch.TorchTrainer`` with 1 and
+  2 workers, fed by materialized Ray Data as ``emr_ray.jobs.train`` does (checkpoint every epoch
+  under ``.state/bench/train_runs``).
+
+Reported apart: ``ray.init`` (cluster start), materializing the data, and the fixed overhead of
+each ``fit()``: time from the ``fit()`` call to the first reported epoch minus that epoch's own
+time (worker start-up, process group, dataset split), and from the last report to ``fit()``'s
+return. Steady-state samples/s uses the epochs after the first. Figures are wall-clock on a
+shared, loaded 2-core machine: each carries the 1-minute load average at the time.
+
+Run inside the loopback-only namespace::
+
+    bash scripts/loopback.sh .venv/bin/python bench/training.py --rows 200000 --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import (  # noqa: E402
+    FEATURE_COLUMNS,
+    LABEL_COLUMN,
+    STATE,
+    init_ray,
+    machine,
+    per_second,
+    rate,
+    read_shard,
+    setup_env,
+    table,
+    timed,
+    write_dataset,
+    write_json,
+)
+
+VARIANTS = ("a", "a_loader", "b", "c")
+
+
+def _steady(epochs: list[dict[str, Any]]) -> float | None:
+    """Train rows per second over the epochs after the first (all of them if there is only one)."""
+    later = epochs[1:] or epochs
+    seconds = sum(e["seconds"] for e in later)
+    return sum(e["train_rows"] for e in later) / seconds if seconds else None
+
+
+def plain_torch(data, config: dict[str, Any], *, threads: int | None, loader: bool) -> dict[str, Any]:
+    """The loop of ``tabular.train_loop`` without Ray: same model, loss, optimizer and batches."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from include.models.tabular import build_model
+
+    (x, y), (xt, yt) = data
+    default_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(int(config["seed"]))
+        model = build_model(config)
+        optimizer = torch.optim.Adam(model.parameters(), lr=float(config["lr"]))
+        loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
+        bs = int(config["batch_size"])
+
+        def batches(features, labels):
+            if loader:  # the seed article's way: per-sample indexing + collate
+                yield from DataLoader(TensorDataset(features, labels), batch_size=bs, shuffle=False)
+            else:
+                for i in range(0, len(labels), bs):
+                    yield features[i : i + bs], labels[i : i + bs]
+
+        epochs = []
+        for epoch in range(int(config["epochs"])):
+            started = time.perf_counter()
+            model.train()
+            rows = 0
+            for xb, yb in batches(x, y):
+                optimizer.zero_grad()
+                loss = loss_fn(model(xb), yb)
+                (loss / len(yb)).backward()
+                optimizer.step()
+                rows += len(yb)
+            model.eval()
+            correct = 0
+            with torch.no_grad():
+                for xb, yb in batches(xt, yt):
+                    correct += (model(xb).argmax(dim=1) == yb).sum().item()
+            seconds = time.perf_counter() - started
+            epochs.append(
+                {
+                    "epoch": epoch,
+                    "seconds": round(seconds, 3),
+                    "train_rows": rows,
+                    "rows_per_second": rows / seconds,
+                    "test_accuracy": correct / len(yt),
+                    "load1": round(os.getloadavg()[0], 2),
+                }
+            )
+        return {
+            "threads": torch.get_num_threads(),
+            "epochs": epochs,
+            "steady_rows_per_s": _steady(epochs),
+            "test_accuracy": epochs[-1]["test_accuracy"],
+        }
+    finally:
+        torch.set_num_threads(default_threads)
+
+
+def _recorder(path: str):
+    """A Ray Train callback (runs in the controller) that appends each report's time and metrics."""
+    from ray.train import UserCallback
+
+    class Recorder(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            import json
+            import os
+            import time
+
+            with open(path, "a") as f:
+                f.write(
+                    json.dumps({"t": time.time(), "load1": os.getloadavg()[0], "metrics": metrics[0]}) + "\n"
+                )
+
+    return Recorder()
+
+
+def ray_train(datasets, config: dict[str, Any], workers: int, tag: str) -> dict[str, Any]:
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from include.models.tabular import train_loop
+
+    name = f"bench-{tag}-{workers}w-{int(time.time())}"
+    record = STATE / "train_runs" / f"{name}.jsonl"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=False),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=str(STATE / "train_runs"),
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=2, checkpoint_score_attribute="test_loss", checkpoint_score_order="min"
+            ),
+            callbacks=[_recorder(str(record))],
+        ),
+        datasets=datasets,
+    )
+    fit_started = time.time()
+    result = trainer.fit()
+    fit_ended = time.time()
+    if result.error:
+        raise result.error
+    reports = [json.loads(line) for line in record.read_text().splitlines()]
+    epochs = []
+    for rep in reports:
+        m = rep["metrics"]
+        epochs.append(
+            {
+                "epoch": m["epoch"],
+                # rank 0's epoch time (train + test + all-reduce); train_rows is all workers' total
+                "seconds": round(m["train_rows"] / m["rows_per_second"], 3),
+                "train_rows": m["train_rows"],
+                "rows_per_second": m["rows_per_second"],
+                "test_accuracy": m["test_accuracy"],
+                "reported_at": rep["t"] - fit_started,
+                "load1": round(rep["load1"], 2),
+            }
+        )
+    first, last = epochs[0], epochs[-1]
+    between = last["reported_at"] - first["reported_at"]
+    later_rows = sum(e["train_rows"] for e in epochs[1:])
+    return {
+        "workers": workers,
+        "run_name": name,
+        "fit_s": round(fit_ended - fit_started, 3),
+        "startup_overhead_s": round(first["reported_at"] - first["seconds"], 3),
+        "teardown_s": round(fit_ended - fit_started - last["reported_at"], 3),
+        "epochs": epochs,
+        "steady_rows_per_s": _steady(epochs),
+        # includes each epoch's checkpoint write and report round trip
+        "steady_rows_per_s_report_to_report": later_rows / between if between > 0 else None,
+        "test_accuracy": last["test_accuracy"],
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    v = result["variants"]
+    head = (
+        f"training: {result['train_rows']:,} train + {result['test_rows']:,} test rows, "
+        f"{result['config']['epochs']} epochs, batch {result['config']['batch_size']}, MLP hidden "
+        f"{result['config']['hidden']}; load average at start {result['machine']['loadavg_at_start']}"
+    )
+    rows = []
+
+    def add(label: str, r: dict[str, Any], overhead: str = "-") -> None:
+        epoch_rates = ", ".join(rate(e["train_rows"], e["seconds"]) for e in r["epochs"])
+        loads = ", ".join(str(e["load1"]) for e in r["epochs"])
+        steady = r["steady_rows_per_s"]
+        ratio = steady / v["a"][0]["steady_rows_per_s"] if "a" in v and steady else None
+        rows.append(
+            [
+                label,
+                per_second(steady),
+                f"{ratio:.2f}x" if ratio else "-",
+                epoch_rates,
+                overhead,
+                f"{r['test_accuracy']:.3f}",
+                loads,
+            ]
+        )
+
+    for key, label in (("a", "(a) plain PyTorch"), ("a_loader", "(a) DataLoader(TensorDataset)")):
+        for r in v.get(key, []):
+            add(f"{label}, {r['threads']} thread(s)", r)
+    for key, label in (("b", "(b) TorchTrainer, 1 worker"), ("c", "(c) TorchTrainer, 2 workers")):
+        for r in v.get(key, []):
+            add(label, r, f"{r['startup_overhead_s']:.1f} + {r['teardown_s']:.1f}")
+    text = [head, ""]
+    text.append(
+        table(
+            [
+                "variant",
+                "steady rows/s",
+                "vs (a)",
+                "per-epoch rows/s",
+                "fit overhead s (start + end)",
+                "test acc",
+                "load1 per epoch",
+            ],
+            rows,
+        )
+    )
+    text += [
+        "",
+        f"- ray.init {result.get('ray_init_s', '-')} s; materialize train+test {result.get('materialize_s', '-')} s",
+    ]
+    for key in ("b", "c"):
+        for r in v.get(key, []):
+            rr = r["steady_rows_per_s_report_to_report"]
+            text.append(
+                f"- {key} ({r['workers']} worker(s)): fit() {r['fit_s']:.1f} s in all; steady rows/s "
+                f"counting checkpoint + report between epochs {per_second(rr)}"
+            )
+    if "a" in v and "b" in v and "c" in v:
+        a1 = [r for r in v["a"] if r["threads"] == 1]
+        a = v["a"][0]["steady_rows_per_s"]
+        b = statistics.median(r["steady_rows_per_s"] for r in v["b"])
+        c = statistics.median(r["steady_rows_per_s"] for r in v["c"])
+        over = statistics.median(r["startup_overhead_s"] for r in v["b"] + v["c"])
+        text += [
+            "",
+            "Issue 5 targets: (b) >= 0.8x (a) in steady state: "
+            f"{b / a:.2f}x ({'met' if b / a >= 0.8 else 'not met'}); "
+            + (f"vs (a) with 1 thread {b / a1[0]['steady_rows_per_s']:.2f}x; " if a1 else "")
+            + f"start-up on a running cluster < 15 s: median {over:.1f} s ({'met' if over < 15 else 'not met'}); "
+            f"(c)/(b) scaling {c / b:.2f}x with 2 workers on 2 cores.",
+        ]
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=200_000, help="train + test rows (10%% test)")
+    parser.add_argument(
+        "--epochs", type=int, default=3, help="at least 2: steady state uses epochs after the first"
+    )
+    parser.add_argument("--batch-size", type=int, default=256, help="the tabular DAG's default")
+    parser.add_argument("--repeat", type=int, default=1, help="fits per Ray Train variant")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    args = parser.parse_args(argv)
+    chosen = [p.strip() for p in args.variants.split(",") if p.strip()]
+    if set(chosen) - set(VARIANTS):
+        parser.error(f"unknown variant(s) {sorted(set(chosen) - set(VARIANTS))}; choose from {VARIANTS}")
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (steady state uses the epochs after the first)")
+
+    setup_env()  # before anything imports ray: Ray reads RAY_AUTH_MODE at import
+    started = time.perf_counter()
+    test_rows = args.rows // 10
+    train_files = write_dataset(args.rows - test_rows, f"train-{args.rows}", seed="bench-train")
+    test_files = write_dataset(test_rows, f"test-{args.rows}", files=2, seed="bench-test")
+    config = {
+        "feature_columns": FEATURE_COLUMNS,
+        "label_column": LABEL_COLUMN,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": 0.003,
+        "hidden": 64,
+        "seed": 42,
+    }
+    result: dict[str, Any] = {
+        "rows": args.rows,
+        "train_rows": args.rows - test_rows,
+        "test_rows": test_rows,
+        "config": config,
+        "variants": {},
+    }
+    v = result["variants"]
+    import ray
+
+    result["machine"] = machine()
+    data = (read_shard(train_files), read_shard(test_files))
+    if "a" in chosen:
+        v["a"] = [plain_torch(data, config, threads=None, loader=False)]
+        v["a"].append(plain_torch(data, config, threads=1, loader=False))
+        print(f"a done: {v['a'][0]['steady_rows_per_s']:.0f} rows/s", flush=True)
+    if "a_loader" in chosen:
+        v["a_loader"] = [plain_torch(data, config, threads=None, loader=True)]
+        print(f"a_loader done: {v['a_loader'][0]['steady_rows_per_s']:.0f} rows/s", flush=True)
+    del data
+    if "b" in chosen or "c" in chosen:
+        result["ray_init_s"] = round(init_ray(num_cpus=2), 2)
+        try:
+            import ray.data
+
+            with timed(result, "materialize_s"):
+                datasets = {
+                    "train": ray.data.read_parquet(train_files, partitioning=None).materialize(),
+                    "test": ray.data.read_parquet(test_files, partitioning=None).materialize(),
+                }
+            for key, workers in (("b", 1), ("c", 2)):
+                if key not in chosen:
+                    continue
+                v[key] = [ray_train(datasets, config, workers, key) for _ in range(args.repeat)]
+                print(f"{key} done: {v[key][0]['steady_rows_per_s']:.0f} rows/s", flush=True)
+        finally:
+            ray.shutdown()
+    result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["total_s"] = round(time.perf_counter() - started, 1)
+    text = report(result)
+    result["table"] = text
+    path = write_json(f"training-{args.rows}.json", result)
+    print(text)
+    print(f"\nwritten {path} in {result['total_s']} s total")
+
+
+if __name__ == "__main__":
+    main()
