@@ -78,6 +78,7 @@ def init_ray(num_cpus: int = 2) -> float:
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     return seconds
 
 

@@ -72,10 +72,18 @@ def make_operator(staged: str, checkpoints: Path, **kwargs) -> TorchTrainOperato
     )
 
 
-def wait_for_checkpoint(run_dir: Path, timeout: float = 240) -> None:
+def wait_for_reported_epoch(run_dir: Path, tracking_uri: str, timeout: float = 300) -> None:
+    """Block until Ray Train has registered a checkpoint: its epoch's metrics reached MLflow."""
+    import json
+
     deadline = time.monotonic() + timeout
-    while not list(run_dir.glob("checkpoint_*")):
-        assert time.monotonic() < deadline, f"no checkpoint appeared under {run_dir}"
+    while True:
+        assert time.monotonic() < deadline, f"no epoch was reported under {run_dir}"
+        state = run_dir / "_emr_ray_state.json"
+        if state.exists() and list(run_dir.glob("checkpoint_*")):
+            run_id = json.loads(state.read_text())["mlflow_run_id"]
+            if epochs_logged(tracking_uri, run_id):
+                return
         time.sleep(0.5)
 
 
@@ -92,7 +100,9 @@ def test_airflow_retry_resumes_from_the_latest_checkpoint(ray_conn, mlflow_conn,
     op = make_operator(staged, tmp_path)
     identity = TaskIdentity.from_context({"ti": first})
     op._submission_id = op._reattach_or_submit(identity, op.build_spec({"ds": "2026-11-05"}, identity), {})
-    wait_for_checkpoint(Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name)
+    wait_for_reported_epoch(
+        Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name, mlflow_conn.tracking_uri
+    )
     op.on_kill()  # the Airflow worker was killed: its job is stopped, nothing is left running
     assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
 
@@ -101,8 +111,10 @@ def test_airflow_retry_resumes_from_the_latest_checkpoint(ray_conn, mlflow_conn,
     assert result["epochs_completed"] == EPOCHS
     assert result["final_metrics"]["start_epoch"] > 0, "the retry trained from scratch instead of resuming"
     assert epochs_logged(mlflow_conn.tracking_uri, result["mlflow_run_id"]) == list(range(EPOCHS))
-    again = make_operator(staged, tmp_path).execute({"ti": FakeTaskInstance("train", 3, first.run_id)})
-    assert again["reused"] and again["mlflow_run_id"] == result["mlflow_run_id"]
+    third = FakeTaskInstance("train", 3, first.run_id)
+    again = make_operator(staged, tmp_path).execute({"ti": third})
+    assert again == result  # reattached to try 2's finished job: nothing trained again
+    assert hook.get_job(TaskIdentity.from_context({"ti": third}).submission_id()) is None
 
 
 def test_a_killed_worker_is_restarted_from_its_checkpoint(ray_conn, mlflow_conn, staged, tmp_path):
@@ -116,7 +128,7 @@ def test_a_killed_worker_is_restarted_from_its_checkpoint(ray_conn, mlflow_conn,
         target=lambda: outcome.update(make_operator(staged, tmp_path, max_failures=2).execute({"ti": ti}))
     )
     worker.start()
-    wait_for_checkpoint(run_dir)
+    wait_for_reported_epoch(run_dir, mlflow_conn.tracking_uri)
     pids = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
     assert pids, "no Ray Train worker process found"
     os.kill(int(pids[0]), signal.SIGKILL)
