@@ -16,5 +16,8 @@ lint: setup
 	@.venv/bin/ruff format --check plugins dags include tests scripts bench
 	@.venv/bin/mypy plugins/emr_ray
 
+airflow: setup
+	@bash scripts/airflow.sh
+
 clean:
 	rm -rf .state

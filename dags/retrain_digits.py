@@ -61,6 +61,7 @@ with DAG(
             "test_fraction": 0.2,
             "seed": 42,
         },
+        pool="ray_cluster",
         execution_timeout=timedelta(minutes=30),
     )
     train = TorchTrainOperator(
@@ -80,6 +81,7 @@ with DAG(
         score_attribute="test_accuracy",
         score_order="max",
         experiment_name="retrain_digits",
+        pool="ray_cluster",
         execution_timeout=timedelta(hours=1),
     )
     register = MLflowRegisterOperator(

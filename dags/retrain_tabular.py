@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Param, task
 
 from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
@@ -44,6 +44,12 @@ with DAG(
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "batch_size": Param(256, type="integer", minimum=8),
         "num_workers": Param(2, type="integer", minimum=1, maximum=64),
+        "register_only_if_better": Param(
+            False, type="boolean", description="Register nothing unless it beats the champion."
+        ),
+        "dry_run": Param(
+            False, type="boolean", description="Validate the partition and the cluster; train nothing."
+        ),
     },
     doc_md=__doc__,
 ) as dag:
@@ -72,8 +78,16 @@ with DAG(
         num_executors=1,
         executor_cores=1,
         executor_memory="1g",
+        validate_only="{{ params.dry_run }}",
+        pool="ray_cluster",
         execution_timeout=timedelta(minutes=30),
     )
+
+    @task.short_circuit
+    def unless_dry_run(params=None) -> bool:
+        """Stop here on a dry run: the partition and the cluster were checked, nothing is trained."""
+        return not params["dry_run"]
+
     train = TorchTrainOperator(
         task_id="train",
         train_loop="include.models.tabular:train_loop",
@@ -90,6 +104,7 @@ with DAG(
         num_workers="{{ params.num_workers }}",
         use_gpu=False,
         experiment_name="retrain_tabular",
+        pool="ray_cluster",
         execution_timeout=timedelta(hours=2),
     )
     register = MLflowRegisterOperator(
@@ -100,6 +115,7 @@ with DAG(
         direction="max",
         version_tags={"partition": PARTITION, "data_uri": STAGED},
         description="tabular MLP trained on partition " + PARTITION,
+        register_only_if_better="{{ params.register_only_if_better }}",
     )
 
-    wait_for_partition >> check_cluster >> preprocess >> train >> register
+    wait_for_partition >> check_cluster >> preprocess >> unless_dry_run() >> train >> register

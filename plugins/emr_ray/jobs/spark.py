@@ -127,6 +127,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         log.info("Read %d rows from %s", rows_in, input_uri)
         if rows_in == 0:
             raise JobInputError(f"Input partition {input_uri} has 0 rows; nothing to preprocess.")
+        if spec.get("validate_only"):
+            log.info("Validated %s (dry run): nothing written", input_uri)
+            return {"partition": partition, "input_uri": input_uri, "rows_in": rows_in, "validated": True}
         outputs = preprocess(df, config)
         if not isinstance(outputs, dict):
             outputs = {"data": outputs}

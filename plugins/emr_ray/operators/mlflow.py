@@ -19,6 +19,7 @@ from airflow.sdk import Asset, BaseOperator
 from emr_ray.exceptions import MLflowRegistryError
 from emr_ray.hooks.mlflow import MLflowHook
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
+from emr_ray.templating import as_bool
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -68,7 +69,8 @@ class MLflowRegisterOperator(BaseOperator):
         a tie never promotes.
     :param challenger_alias: alias every newly registered version gets.
     :param champion_alias: alias of the version in production.
-    :param register_only_if_better: register nothing unless the run beats the champion.
+    :param register_only_if_better: register nothing unless the run beats the champion (templated:
+        ``"{{ params.register_only_if_better }}"`` works).
     :param version_tags: extra model version tags; ``partition`` here overrides the default
         (the DAG run's ``ds``). (templated)
     :param description: model version description. (templated)
@@ -85,6 +87,7 @@ class MLflowRegisterOperator(BaseOperator):
         "metric",
         "version_tags",
         "description",
+        "register_only_if_better",
     )
     template_fields_renderers = {"version_tags": "json"}
     ui_color = "#d5e8f7"
@@ -101,7 +104,7 @@ class MLflowRegisterOperator(BaseOperator):
         min_improvement: float = 0.0,
         challenger_alias: str = "challenger",
         champion_alias: str = "champion",
-        register_only_if_better: bool = False,
+        register_only_if_better: bool | str = False,
         version_tags: dict[str, str] | None = None,
         description: str | None = None,
         mlflow_conn_id: str = MLflowHook.default_conn_name,
@@ -280,7 +283,8 @@ class MLflowRegisterOperator(BaseOperator):
                 champion_value,
             )
 
-            if existing is None and self.register_only_if_better and not promote:
+            only_if_better = as_bool(self.register_only_if_better)
+            if existing is None and only_if_better and not promote:
                 self.log.info("Not registering (register_only_if_better and no improvement): %s", reason)
                 return self._result(
                     name, None, run_id, value, champion_value, champion_version, False, [], False, reason

@@ -8,6 +8,7 @@ from typing import Any
 from emr_ray import storage
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
+from emr_ray.templating import as_bool
 
 
 class RayDPSparkOperator(RayJobOperator):
@@ -30,11 +31,13 @@ class RayDPSparkOperator(RayJobOperator):
     :param executor_memory: memory per executor, e.g. ``"1g"`` (templated).
     :param spark_configs: extra Spark settings (templated).
     :param placement_group_strategy: RayDP placement strategy (``PACK``, ``SPREAD``...; templated).
+    :param validate_only: check the input partition (schema, values, row count) and write nothing
+        (templated: ``"{{ params.dry_run }}"``).
     """
 
     template_fields: Sequence[str] = (
         *RayJobOperator.template_fields, "preprocess", "input_uri", "output_uri", "partition", "config",
-        "app_name", "num_executors", "executor_cores", "executor_memory", "spark_configs", "placement_group_strategy",
+        "app_name", "num_executors", "executor_cores", "executor_memory", "spark_configs", "placement_group_strategy", "validate_only",
     )  # fmt: skip
     template_fields_renderers = {
         **RayJobOperator.template_fields_renderers,
@@ -58,6 +61,7 @@ class RayDPSparkOperator(RayJobOperator):
         executor_memory: str = "1g",
         spark_configs: dict[str, str] | None = None,
         placement_group_strategy: str | None = None,
+        validate_only: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -72,6 +76,7 @@ class RayDPSparkOperator(RayJobOperator):
         self.executor_memory = executor_memory
         self.spark_configs = spark_configs or {}
         self.placement_group_strategy = placement_group_strategy
+        self.validate_only = validate_only
 
     def build_spec(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
         partition = storage.validate_partition(str(self.partition))
@@ -85,6 +90,7 @@ class RayDPSparkOperator(RayJobOperator):
             "input_uri": storage.join(self.input_uri, f"dt={partition}"),
             "output_uri": storage.join(self.output_uri, f"dt={partition}"),
             "config": self.config,
+            "validate_only": as_bool(self.validate_only),
             "spark": {
                 "app_name": self.app_name or f"{identity.dag_id}-{identity.task_id}",
                 "num_executors": int(self.num_executors),

@@ -8,6 +8,7 @@ from typing import Any
 from emr_ray import storage
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
+from emr_ray.templating import as_bool
 
 _ORDERS = ("min", "max")
 _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -93,7 +94,7 @@ class TorchTrainOperator(RayJobOperator):
     def _scaling(self) -> dict[str, Any]:
         """ScalingConfig's fields, checked before any cluster work."""
         workers = int(self.num_workers)
-        use_gpu = str(self.use_gpu).lower() in ("true", "1", "yes")
+        use_gpu = as_bool(self.use_gpu)
         resources = {k: float(v) for k, v in (self.resources_per_worker or {}).items()} or None
         if workers < 1:
             raise ValueError(f"num_workers={workers}: Ray Train needs at least 1 worker.")

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from emr_ray.hooks.cos import COSHook, check_unchanged, match_keys, with_inactivity_metadata
 from emr_ray.links.cos import COSObjectLink
@@ -49,6 +49,8 @@ class COSSensor(BaseSensorOperator):
         None (default) succeeds as soon as every key matches. ``Size``, ``ETag`` and ``LastModified``
         are then reported for every object.
     :param min_objects: with ``inactivity_period``, the fewest objects the settled set may hold.
+    :param fail_fast_on_backfill: in a backfill run, look once and fail at once when the key is
+        missing, instead of waiting out ``timeout`` for history that will not arrive.
     :param deferrable: wait in the triggerer instead of a worker slot.
     """
 
@@ -68,10 +70,12 @@ class COSSensor(BaseSensorOperator):
         cos_conn_id: str = COSHook.default_conn_name,
         inactivity_period: float | None = None,
         min_objects: int = 1,
+        fail_fast_on_backfill: bool = True,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.fail_fast_on_backfill = fail_fast_on_backfill
         if wildcard_match and use_regex:
             raise ValueError("COSSensor: set wildcard_match or use_regex, not both.")
         if inactivity_period is not None and inactivity_period < 0:
@@ -166,6 +170,10 @@ class COSSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=done, xcom_value=objects if done else None)
 
     def execute(self, context: Context) -> Any:
+        dag_run = context.get("dag_run")
+        run_type = getattr(dag_run, "run_type", "")
+        if self.fail_fast_on_backfill and str(getattr(run_type, "value", run_type)) == "backfill":
+            return self._check_once_for_backfill(context)
         if not self.deferrable:
             return super().execute(context)
         # the objects may already be there: no need to defer
@@ -173,6 +181,16 @@ class COSSensor(BaseSensorOperator):
         if self._settled(found, objects) and self._accept(objects, context):
             return self._succeed(objects, context)
         self._defer(datetime.now(UTC) + timedelta(seconds=self.timeout))
+
+    def _check_once_for_backfill(self, context: Context) -> Any:
+        """A backfill processes history: data that is missing now will not arrive by waiting."""
+        found, objects = self._match()
+        if found and self._accept(objects, context):
+            return self._succeed(objects, context)
+        raise AirflowFailException(
+            f"Backfill run: {self._keys} not found. Historical data does not arrive by waiting, so this "
+            "run fails now; load the partition and clear the run, or leave that date out of the backfill."
+        )
 
     def _defer(self, deadline: datetime) -> None:
         remaining = (deadline - datetime.now(UTC)).total_seconds()
