@@ -10,9 +10,11 @@ Ray binds some listeners on all interfaces: run it inside a loopback-only networ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -156,12 +158,56 @@ def add_worker_node(local: LocalRay, *, num_cpus: int = 1, resources: str | None
     subprocess.run(cmd, env=os.environ | cluster_env(local.state_dir), check=True, stdout=subprocess.DEVNULL)
 
 
+def _ray_processes_in_this_namespace() -> list[int]:
+    """PIDs of Ray's processes (and RayDP's JVMs) that share this process's network namespace."""
+    mine = os.readlink("/proc/self/ns/net")
+    ancestors = {os.getpid(), os.getppid()}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in ancestors:
+            continue
+        try:
+            if os.readlink(entry / "ns" / "net") != mine:
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if (
+            "/site-packages/ray/" in cmdline
+            or cmdline.startswith(("ray::", "ray-dashboard-"))
+            or "raydp" in cmdline
+        ):
+            pids.append(int(entry.name))
+    return pids
+
+
 def stop_head(state_dir: str | os.PathLike) -> None:
-    """Stop every Ray process started with this state folder's environment."""
+    """Stop this cluster's Ray processes.
+
+    Inside a loopback-only namespace (where ``make demo`` and ``make test`` run) only the processes of
+    this namespace are stopped, so other Ray clusters on the machine survive; elsewhere it falls back
+    to ``ray stop --force``, which stops every Ray of this user.
+    """
     state = Path(state_dir).resolve()
-    subprocess.run([_ray_bin(), "stop", "--force"], env=os.environ | cluster_env(state), check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    if os.readlink("/proc/self/ns/net") == _init_namespace():
+        subprocess.run([_ray_bin(), "stop", "--force"], env=os.environ | cluster_env(state), check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    else:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in _ray_processes_in_this_namespace():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 10
+            while _ray_processes_in_this_namespace() and time.monotonic() < deadline:
+                time.sleep(0.5)
     (ray_temp_dir(state) / "ray_current_cluster").unlink(missing_ok=True)
+
+
+def _init_namespace() -> str:
+    try:
+        return os.readlink("/proc/1/ns/net")
+    except OSError:  # not allowed to look: assume we are not isolated
+        return os.readlink("/proc/self/ns/net")
 
 
 def main(argv: list[str] | None = None) -> None:
