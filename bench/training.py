@@ -172,19 +172,44 @@ def shard_train_loop(config: dict[str, Any]) -> None:
     tabular.train_loop(config)
 
 
+def timed_loop(config: dict[str, Any]) -> None:
+    """The worker function: the chosen loop, with worker-side timestamps added to each report.
+
+    Ray Train's controller sees reports only when it polls its workers (every 2 s by default,
+    ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``), so times taken in a callback are rounded up to that.
+    Here ``ray.train.report`` is wrapped in this worker process to add when the worker entered its
+    function and when it called report; the loop itself is unchanged.
+    """
+    import time
+
+    import ray.train
+
+    entered = time.time()
+    original = ray.train.report
+
+    def report(metrics, *args, **kwargs):
+        stamps = {"worker_entered_at": entered, "worker_reported_at": time.time()}
+        return original({**metrics, **stamps}, *args, **kwargs)
+
+    ray.train.report = report
+    if config.get("shard_files"):
+        shard_train_loop(config)
+    else:
+        from include.models.tabular import train_loop
+
+        train_loop(config)
+
+
 def ray_train(datasets, config: dict[str, Any], workers: int, tag: str) -> dict[str, Any]:
+    """One ``TorchTrainer.fit()``; ``datasets=None`` runs the per-worker shard design."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from include.models.tabular import train_loop
-
-    if datasets is None:  # the per-worker shard design: no Ray Data
-        train_loop = shard_train_loop
     name = f"bench-{tag}-{workers}w-{int(time.time())}"
     record = STATE / "train_runs" / f"{name}.jsonl"
     record.parent.mkdir(parents=True, exist_ok=True)
     trainer = TorchTrainer(
-        train_loop,
+        timed_loop,
         train_loop_config=config,
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=False),
         run_config=ray.train.RunConfig(
@@ -214,11 +239,13 @@ def ray_train(datasets, config: dict[str, Any], workers: int, tag: str) -> dict[
                 "train_rows": m["train_rows"],
                 "rows_per_second": m["rows_per_second"],
                 "test_accuracy": m["test_accuracy"],
-                "reported_at": rep["t"] - fit_started,
+                "reported_at": round(m["worker_reported_at"] - fit_started, 3),  # rank 0, before report()
+                "seen_by_controller_at": round(rep["t"] - fit_started, 3),
                 "load1": round(rep["load1"], 2),
             }
         )
     first, last = epochs[0], epochs[-1]
+    entered = reports[0]["metrics"]["worker_entered_at"] - fit_started
     between = last["reported_at"] - first["reported_at"]
     later_rows = sum(e["train_rows"] for e in epochs[1:])
     steady = _steady(epochs)
@@ -226,14 +253,24 @@ def ray_train(datasets, config: dict[str, Any], workers: int, tag: str) -> dict[
         "workers": workers,
         "run_name": name,
         "fit_s": round(fit_ended - fit_started, 3),
+        # fit() -> first epoch starting, split in: worker group up (fit() -> rank 0 enters its
+        # function) and loop set-up (model, prepare_model, dataset shard or own read)
         "startup_overhead_s": round(first["reported_at"] - first["seconds"], 3),
+        "worker_group_start_s": round(entered, 3),
+        "loop_setup_s": round(first["reported_at"] - first["seconds"] - entered, 3),
         # how much longer the first epoch took than a steady one (the data iterator warming up)
         "first_epoch_excess_s": round(first["seconds"] - first["train_rows"] / steady, 3) if steady else None,
+        # last report call -> fit() returns (report, controller poll, shutdown)
         "teardown_s": round(fit_ended - fit_started - last["reported_at"], 3),
         "epochs": epochs,
         "steady_rows_per_s": steady,
-        # includes each epoch's checkpoint write and report round trip
+        # counting each epoch's checkpoint write and report between epochs
         "steady_rows_per_s_report_to_report": later_rows / between if between > 0 else None,
+        "report_gap_s": round(
+            between / (len(epochs) - 1) - statistics.mean(e["seconds"] for e in epochs[1:]), 3
+        )
+        if len(epochs) > 1
+        else None,
         "test_accuracy": last["test_accuracy"],
     }
 
@@ -302,8 +339,10 @@ def report(result: dict[str, Any]) -> str:
         for r in v.get(key, []):
             rr = r["steady_rows_per_s_report_to_report"]
             text.append(
-                f"- {key} ({r['workers']} worker(s)): fit() {r['fit_s']:.1f} s in all; steady rows/s "
-                f"counting checkpoint + report between epochs {per_second(rr)}"
+                f"- {key} ({r['workers']} worker(s)): fit() {r['fit_s']:.1f} s in all; start-up "
+                f"{r['startup_overhead_s']:.1f} s = worker group {r['worker_group_start_s']:.1f} s + loop set-up "
+                f"{r['loop_setup_s']:.1f} s; checkpoint + report between epochs {r['report_gap_s']:.2f} s, "
+                f"so {per_second(rr)} rows/s counting it"
             )
     if "a" in v:
         a = v["a"][0]["steady_rows_per_s"]

@@ -60,7 +60,9 @@ def api(stack, tmp_path_factory):
     # Unpausing creates the latest scheduled run, whose partition has no data here: fail it so it
     # does not hold the one active-run slot while its sensor waits for hours.
     deadline = time.monotonic() + 120
-    while not (scheduled := client.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]):
+    while not (
+        scheduled := client.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]
+    ):
         assert time.monotonic() < deadline, "unpausing created no scheduled run"
         time.sleep(2)
     for run in scheduled:
