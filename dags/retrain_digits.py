@@ -15,10 +15,11 @@ from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.operators.torch import TorchTrainOperator
+from emr_ray.params import PARTITION_TEMPLATE, partition_param
 from emr_ray.sensors.cos import COSSensor
 
 PIXELS = [f"p{i:02d}" for i in range(64)]
-PARTITION = "{{ params.partition or ds }}"
+PARTITION = PARTITION_TEMPLATE
 RAW = "{{ var.value.get('emr_ray_digits_raw_uri', 'cos://emr-ray-demo-1250000000/raw_digits') }}"
 STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
 CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
@@ -34,9 +35,7 @@ with DAG(
     tags=["emr-ray", "retraining", "images"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
-        "partition": Param(
-            "", type="string", description="Partition date YYYY-MM-DD; empty means the logical date."
-        ),
+        "partition": partition_param(),
         "epochs": Param(12, type="integer", minimum=1, maximum=200),
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "num_workers": Param(2, type="integer", minimum=1, maximum=64),

@@ -1,7 +1,8 @@
 """Daily retraining of the tabular MLP: wait for the raw partition, check the cluster, preprocess with
 Spark on Ray, train with Ray Train, register in MLflow and promote by alias only when better.
 
-The partition is the run's logical date (``ds``), or the ``partition`` param of a manual run.
+The partition is the run's logical date, or the ``partition`` param of a manual run (see
+``emr_ray.params.PARTITION_TEMPLATE``).
 Storage locations come from Airflow Variables (``emr_ray_raw_uri``, ``emr_ray_staging_uri``,
 ``emr_ray_checkpoint_uri``), so the same file runs on the embedded demo and on a real cluster.
 """
@@ -17,11 +18,12 @@ from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.operators.torch import TorchTrainOperator
+from emr_ray.params import PARTITION_TEMPLATE, partition_param
 from emr_ray.sensors.cos import COSSensor
 
 FEATURES = [f"f{i:02d}" for i in range(16)]
 LABEL = "label"
-PARTITION = "{{ params.partition or ds }}"
+PARTITION = PARTITION_TEMPLATE
 RAW = "{{ var.value.get('emr_ray_raw_uri', 'cos://emr-ray-demo-1250000000/raw') }}"
 STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
 CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
@@ -37,9 +39,7 @@ with DAG(
     tags=["emr-ray", "retraining", "tabular"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
-        "partition": Param(
-            "", type="string", description="Partition date YYYY-MM-DD; empty means the logical date."
-        ),
+        "partition": partition_param(),
         "epochs": Param(5, type="integer", minimum=1, maximum=200),
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "batch_size": Param(256, type="integer", minimum=8),

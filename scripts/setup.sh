@@ -15,6 +15,15 @@ echo "==> Installing the pinned stack into $VENV (first time: about 5 minutes)"
 "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0
 "$VENV/bin/pip" install -q --disable-pip-version-check -c constraints.txt -r requirements-dev.txt
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> Installing Debian's chromium for the UI test"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+      || echo "chromium could not be installed: the browser test will be skipped" >&2
+  else
+    echo "No chromium on PATH (install Debian's chromium package): the browser test will be skipped" >&2
+  fi
+fi
 java -version >/dev/null 2>&1 || { echo "Java 17 is required for Spark (RayDP): install a JDK 17 and put java on PATH." >&2; exit 1; }
 rm -f "$VENV"/.installed-*
 touch "$stamp"

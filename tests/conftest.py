@@ -53,3 +53,8 @@ def airflow_db() -> Path:
     airflow = Path(sys.executable).with_name("airflow")
     subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True)
     return Path(os.environ["AIRFLOW_HOME"])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the live-Airflow tests last: they build on models the ``dags test`` modules registered."""
+    items.sort(key=lambda item: "test_airflow_live" in item.nodeid)

@@ -135,6 +135,14 @@ def list_parquet_files(uri: str, options: StorageOptions | None = None) -> list[
     return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
 
 
+def count_parquet_rows(files: list[str], uri: str, options: StorageOptions | None = None) -> int:
+    """Rows in ``files`` from their Parquet footers (no data read)."""
+    import pyarrow.parquet as pq
+
+    fsys = filesystem(uri, options)
+    return sum(pq.ParquetFile(fsys.open_input_file(f)).metadata.num_rows for f in files)
+
+
 def is_committed(uri: str, options: StorageOptions | None = None) -> bool:
     """Whether ``uri`` holds a ``_SUCCESS`` marker."""
     from pyarrow import fs as pafs

@@ -1,7 +1,10 @@
 """The three ways the DAG is used, on a real running Airflow (API server, scheduler, DAG processor,
 triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI drives it:
 
-- a manual run with parameters (partition, epochs, learning rate) from the trigger form's API;
+- a manual run with parameters (partition, epochs, learning rate) through the trigger API: a
+  deliberately weak model (one epoch, tiny learning rate) that must not take the champion alias from
+  the model ``test_retrain_tabular`` registered first;
+- the same from the UI's trigger form, in headless Chromium;
 - a backfill over three historical partitions (``POST /api/v2/backfills``), as a dry run so it stays
   quick: each run validates exactly its own partition; the one with no data fails alone, clearly.
 """
@@ -16,7 +19,7 @@ import urllib.request
 import pytest
 
 from emr_ray.local.airflow import LocalAirflow
-from tests.fixtures.pipeline import GOOD
+from tests.fixtures.pipeline import GOOD, WEAK
 
 pytestmark = pytest.mark.integration
 DAG_ID = "retrain_tabular"
@@ -26,6 +29,7 @@ BACKFILL = ["2026-11-02", "2026-11-03", "2026-11-04"]  # the stack holds raw dat
 class Api:
     def __init__(self, airflow: LocalAirflow) -> None:
         self.base = airflow.url
+        self.password = airflow.password()
         self.headers = {"Authorization": f"Bearer {airflow.token()}", "Content-Type": "application/json"}
 
     def call(self, method: str, path: str, body: dict | None = None, retries: int = 5) -> dict:
@@ -45,7 +49,7 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(stack, tmp_path_factory):
+def api(stack, tabular_good_run, tmp_path_factory):
     airflow = LocalAirflow(stack, tmp_path_factory.mktemp("airflow-live") / "home", port=8080).start()
     client = Api(airflow)
     deadline = time.monotonic() + 180
@@ -85,20 +89,24 @@ def wait_for_runs(api: Api, run_ids: set[str], timeout: float = 1200) -> dict[st
         time.sleep(5)
 
 
-def test_manual_run_with_parameters(api, stack):
+def test_manual_run_with_parameters_registers_a_challenger_only(api, stack):
     run = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
         "dag_run_id": "manual-params", "logical_date": None,
-        "conf": {"partition": GOOD, "epochs": 2, "lr": 0.005, "register_only_if_better": False},
+        "conf": {"partition": WEAK, "epochs": 1, "lr": 0.00001, "register_only_if_better": False},
     })  # fmt: skip
     assert wait_for_runs(api, {run["dag_run_id"]})["manual-params"]["state"] == "success"
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
-    versions = [v for v in client.search_model_versions("name='tabular-mlp'")
-                if v.tags.get("airflow.run_id") == "manual-params"]  # fmt: skip
-    assert len(versions) == 1 and versions[0].tags["partition"] == GOOD
-    run_data = client.get_run(versions[0].run_id).data
-    assert run_data.params["epochs"] == "2" and run_data.params["lr"] == "0.005"
+    versions = {v.tags.get("airflow.run_id"): v for v in client.search_model_versions("name='tabular-mlp'")}
+    weak = versions["manual-params"]
+    assert weak.tags["partition"] == WEAK
+    run_data = client.get_run(weak.run_id).data
+    assert run_data.params["epochs"] == "1" and run_data.params["lr"] == "1e-05"
+    champion = client.get_model_version_by_alias("tabular-mlp", "champion")
+    assert champion.tags["partition"] == GOOD, "a worse model took the champion alias"
+    assert client.get_model_version_by_alias("tabular-mlp", "challenger").version == weak.version
+    assert run_data.metrics["test_accuracy"] < client.get_run(champion.run_id).data.metrics["test_accuracy"]
 
 
 def test_a_bad_parameter_is_refused_at_trigger_time(api):
@@ -123,3 +131,49 @@ def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api):
     by_date = {r["logical_date"][:10]: r for r in finished.values()}
     assert sorted(by_date) == BACKFILL
     assert [by_date[d]["state"] for d in BACKFILL] == ["success", "success", "failed"]
+
+
+def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):
+    """Headless Chromium (Debian's package, driven by Playwright) logs in, fills the trigger form's
+    parameters and submits; the run it started succeeds. Dry run, so only the checks run."""
+    import os
+    import shutil
+
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.skip("Debian's chromium is not installed (scripts/setup.sh installs it when run as root)")
+    from playwright.sync_api import sync_playwright
+
+    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+        os.environ[var] = str(tmp_path / var.lower())
+    before = {
+        r["dag_run_id"] for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
+    }
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=flags)
+        page = browser.new_page()
+        page.goto(f"{api.base}/dags/{DAG_ID}")
+        page.fill('input[name="username"]', "admin")
+        page.fill('input[name="password"]', api.password)
+        page.click('button[type="submit"]')
+        page.get_by_test_id("trigger-dag-button").click()
+        page.fill('[name="element_partition"]', GOOD)
+        page.fill('[name="element_epochs"]', "1")
+        page.click('[id="switch:element_dry_run"]')
+        page.get_by_test_id("trigger-dag-submit").click()
+        page.wait_for_timeout(3000)
+        browser.close()
+    deadline = time.monotonic() + 60
+    while not (
+        new := {
+            r["dag_run_id"] for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
+        }
+        - before
+    ):
+        assert time.monotonic() < deadline, "the trigger form started no run"
+        time.sleep(2)
+    finished = wait_for_runs(api, new)
+    (run,) = finished.values()
+    assert run["state"] == "success" and run["conf"]["partition"] == GOOD and run["conf"]["dry_run"] is True

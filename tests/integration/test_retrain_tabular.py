@@ -1,7 +1,7 @@
 """The retraining DAG end to end, through ``airflow dags test`` (the CLI), on the real local stack:
 Airflow, a Ray head reached over the Jobs API, Spark on Ray (RayDP), Ray Train, MLflow (SQLite) and
-the COS stand-in. Two partitions run: a good model becomes champion; a deliberately weak one (one
-epoch at a tiny learning rate) is registered as challenger only.
+the COS stand-in. The first model registered becomes champion; that a weaker one is not promoted is
+shown on the running Airflow (``test_airflow_live``), which trains one after this run.
 """
 
 from __future__ import annotations
@@ -9,16 +9,14 @@ from __future__ import annotations
 import pytest
 
 from emr_ray import storage
-from tests.fixtures.pipeline import GOOD, ROWS, WEAK, dags_test
+from tests.fixtures.pipeline import GOOD, ROWS, dags_test
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def runs(stack):
-    good = dags_test(stack, GOOD)
-    weak = dags_test(stack, WEAK, '{"epochs": 1, "lr": 0.00001}')
-    return {GOOD: good, WEAK: weak}
+def runs(tabular_good_run):
+    return {GOOD: tabular_good_run}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +30,7 @@ def versions_by_partition(registry):
     return {v.tags["partition"]: v for v in registry.search_model_versions("name='tabular-mlp'")}
 
 
-def test_both_runs_succeed(runs):
+def test_the_run_succeeds(runs):
     for date, run in runs.items():
         assert run.returncode == 0, f"{date}:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
 
@@ -56,7 +54,6 @@ def test_progress_is_in_the_task_log(runs):
 
 def test_model_versions_are_tagged_with_run_and_partition(registry, runs):
     versions = versions_by_partition(registry)
-    assert set(versions) == {GOOD, WEAK}
     good = versions[GOOD]
     assert good.tags["airflow.dag_id"] == "retrain_tabular"
     assert good.tags["airflow.run_id"].startswith("manual__")
@@ -64,14 +61,10 @@ def test_model_versions_are_tagged_with_run_and_partition(registry, runs):
     assert registry.get_run(good.run_id).data.metrics["test_accuracy"] > 0.8
 
 
-def test_champion_only_moves_to_a_better_model(registry, runs):
+def test_the_first_version_becomes_champion_and_challenger(registry, runs):
     versions = versions_by_partition(registry)
     aliases = registry.get_registered_model("tabular-mlp").aliases
-    assert aliases["champion"] == versions[GOOD].version
-    assert aliases["challenger"] == versions[WEAK].version
-    weak_accuracy = registry.get_run(versions[WEAK].run_id).data.metrics["test_accuracy"]
-    good_accuracy = registry.get_run(versions[GOOD].run_id).data.metrics["test_accuracy"]
-    assert weak_accuracy < good_accuracy
+    assert aliases["champion"] == versions[GOOD].version == aliases["challenger"]
 
 
 def test_champion_loads_and_predicts(stack, registry, runs):
@@ -99,8 +92,7 @@ def test_registration_emits_the_model_asset_event(runs):
             .all()
         )
         extras = [event.extra for event in events]
-    assert {str(e["version"]) for e in extras} >= {"1", "2"}
-    assert any(e["promoted"] for e in extras) and not all(e["promoted"] for e in extras)
+    assert any(str(e["version"]) == "1" and e["promoted"] and e["value"] > 0.8 for e in extras)
 
 
 def test_downstream_scoring_dag_uses_the_champion(stack, runs, registry):

@@ -106,6 +106,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     files = input_files(input_uri, options)
     _raise_if(schema_problems(files, config.get("schema", {}), input_uri, options), input_uri)
+    if spec.get("validate_only"):
+        rows_in = storage.count_parquet_rows(files, input_uri, options)
+        log.info("Validated %s (dry run: committed, schema, %d rows); nothing written", input_uri, rows_in)
+        return {"partition": partition, "input_uri": input_uri, "rows_in": rows_in, "validated": True}
     ray.init(address="auto", logging_level=logging.WARNING)
     started = time.monotonic()
     spark = raydp.init_spark(
@@ -127,9 +131,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         log.info("Read %d rows from %s", rows_in, input_uri)
         if rows_in == 0:
             raise JobInputError(f"Input partition {input_uri} has 0 rows; nothing to preprocess.")
-        if spec.get("validate_only"):
-            log.info("Validated %s (dry run): nothing written", input_uri)
-            return {"partition": partition, "input_uri": input_uri, "rows_in": rows_in, "validated": True}
         outputs = preprocess(df, config)
         if not isinstance(outputs, dict):
             outputs = {"data": outputs}

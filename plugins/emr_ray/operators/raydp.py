@@ -31,7 +31,8 @@ class RayDPSparkOperator(RayJobOperator):
     :param executor_memory: memory per executor, e.g. ``"1g"`` (templated).
     :param spark_configs: extra Spark settings (templated).
     :param placement_group_strategy: RayDP placement strategy (``PACK``, ``SPREAD``...; templated).
-    :param validate_only: check the input partition (schema, values, row count) and write nothing
+    :param validate_only: a quick dry run: check that the input partition is committed, matches the
+        declared schema and count its rows from the Parquet footers; no Spark, nothing written
         (templated: ``"{{ params.dry_run }}"``).
     """
 
