@@ -12,6 +12,9 @@ files under ``.state/bench/data``). Paths:
   ``include.models.tabular._batches`` does. Timed: materialize + one pass; actor start-up is
   reported apart (it is train-worker start-up). ``reiterate`` is a second pass over the same
   materialized data (an epoch after the first).
+* ``b3``: as ``b``, but each actor asks Ray Data for big batches (``iter_torch_batches(16384)``) and
+  slices them into minibatches of ``--batch-size`` itself: the same minibatches in the same order,
+  a fraction of Ray Data's per-batch cost.
 * ``b2``: the alternative in issue 4: 2 actors each read their own files (round-robin by rank) with
   ``pyarrow.parquet.read_table`` -> ``torch.from_numpy``, then slice minibatches.
 * ``c``: ``pyarrow.parquet.read_table`` -> ``torch.from_numpy`` in this one process (upper bound).
@@ -57,11 +60,13 @@ from bench._common import (  # noqa: E402
     write_json,
 )
 
-PATHS = ("c", "b", "b2", "a_on", "a_off")
+PATHS = ("c", "b", "b3", "b2", "a_on", "a_off")
+FETCH_SIZE = 16384  # (b3): rows per Ray Data batch, sliced into minibatches in the worker
 LABELS = {
     "a_off": "(a) Spark toPandas, Arrow off (default) -> TensorDataset",
     "a_on": "(a) Spark toPandas, Arrow on -> TensorDataset",
     "b": "(b) today: read_parquet.materialize -> 2 actors iter_torch_batches",
+    "b3": f"(b3) as (b), iter_torch_batches({FETCH_SIZE}) sliced to minibatches",
     "b2": "(b2) 2 actors, own files: read_table -> from_numpy",
     "c": "(c) read_table -> from_numpy, 1 process (upper bound)",
 }
@@ -77,17 +82,20 @@ class BatchConsumer:
     def ready(self) -> int:
         return os.getpid()
 
-    def consume(self, shard, batch_size: int) -> dict[str, Any]:
+    def consume(self, shard, batch_size: int, fetch_size: int) -> dict[str, Any]:
+        """``fetch_size`` > ``batch_size``: fetch big batches from Ray Data and slice minibatches here."""
         import torch
 
         started = time.perf_counter()
         rows = batches = 0
-        for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False):
+        for batch in shard.iter_torch_batches(batch_size=max(fetch_size, batch_size), drop_last=False):
             x = torch.stack([batch[c].to(torch.float32) for c in FEATURE_COLUMNS], dim=1)
             y = batch[LABEL_COLUMN].to(torch.long)
-            rows += len(y)
-            batches += 1
-            assert x.shape == (len(y), len(FEATURE_COLUMNS))
+            for i in range(0, len(y), batch_size):
+                xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+                rows += len(yb)
+                batches += 1
+                assert xb.shape == (len(yb), len(FEATURE_COLUMNS))
         return {"rows": rows, "batches": batches, "seconds": time.perf_counter() - started}
 
 
@@ -156,7 +164,9 @@ def bench_c(files: list[str], rows: int, repeat: int) -> dict[str, Any]:
     return _summary(runs, rows)
 
 
-def bench_b(files: list[str], rows: int, repeat: int, batch_size: int, workers: int) -> dict[str, Any]:
+def bench_b(
+    files: list[str], rows: int, repeat: int, batch_size: int, workers: int, fetch_size: int = 0
+) -> dict[str, Any]:
     import ray
     import ray.data
 
@@ -177,10 +187,14 @@ def bench_b(files: list[str], rows: int, repeat: int, batch_size: int, workers: 
             ray.get([a.ready.remote() for a in actors])
         with timed(run, "iterate_s"):
             splits = ds.streaming_split(workers, equal=True)
-            out = ray.get([a.consume.remote(s, batch_size) for a, s in zip(actors, splits, strict=True)])
+            out = ray.get(
+                [a.consume.remote(s, batch_size, fetch_size) for a, s in zip(actors, splits, strict=True)]
+            )
         with timed(run, "reiterate_s"):  # epoch 2: the same materialized data again
             splits = ds.streaming_split(workers, equal=True)
-            again = ray.get([a.consume.remote(s, batch_size) for a, s in zip(actors, splits, strict=True)])
+            again = ray.get(
+                [a.consume.remote(s, batch_size, fetch_size) for a, s in zip(actors, splits, strict=True)]
+            )
         run["seconds"] = round(run["materialize_s"] + run["iterate_s"], 3)
         run["seconds_load1"] = run["iterate_s_load1"]
         run["rows_per_worker"] = [o["rows"] for o in out]
@@ -371,10 +385,12 @@ def report(result: dict[str, Any]) -> str:
         table(["path", "cold s", "cold rows/s", "warm s (median)", "warm rows/s", "load1 cold / warm"], body)
     )
     extra = []
-    if "b" in paths:
-        b = paths["b"]
+    for key in ("b", "b3"):
+        if key not in paths:
+            continue
+        b = paths[key]
         extra.append(
-            f"(b) parts (warm median): materialize {b['materialize_median_s']:.2f} s, iterate "
+            f"({key}) parts (warm median): materialize {b['materialize_median_s']:.2f} s, iterate "
             f"{b['iterate_median_s']:.2f} s; a second pass over the materialized data (epoch >= 2) "
             f"{b['reiterate_median_s']:.2f} s = {rate(rows, b['reiterate_median_s'])} rows/s; "
             f"actor start {b['actor_start_median_s']:.2f} s (not counted)"
@@ -386,7 +402,7 @@ def report(result: dict[str, Any]) -> str:
             f"(b2) actor start {b2['actor_start_s']:.2f} s (not counted); each worker's own read+convert "
             f"time per round (s): {reads}; cold = first read of fresh actors, warm = same actors again"
         )
-    for key in ("b", "b2"):
+    for key in ("b", "b3", "b2"):
         if paths.get(key, {}).get("paired_c_warm_median_s"):
             extra.append(
                 f"({key}) (c) read just before each warm {key} read (same load): median "
@@ -401,7 +417,7 @@ def report(result: dict[str, Any]) -> str:
     lines += [""] + [f"- {e}" for e in extra]
     lines += ["", "Issue 4 targets (b at least 5x faster than a_off, faster than a_on, within 2x of c):"]
     body = []
-    for which in ("b", "b2"):
+    for which in ("b", "b3", "b2"):
         for name in ("cold", "warm"):
             v = result["targets"].get(which, {}).get(name)
             if v:
@@ -466,6 +482,9 @@ def main(argv: list[str] | None = None) -> None:
         if "b" in chosen:
             paths["b"] = bench_b(files, args.rows, args.repeat, args.batch_size, args.workers)
             print(f"b done: cold {paths['b']['cold_s']} s", flush=True)
+        if "b3" in chosen:
+            paths["b3"] = bench_b(files, args.rows, args.repeat, args.batch_size, args.workers, FETCH_SIZE)
+            print(f"b3 done: cold {paths['b3']['cold_s']} s", flush=True)
         if "b2" in chosen:
             paths["b2"] = bench_b2(files, args.rows, args.repeat, args.batch_size, args.workers)
             print(f"b2 done: cold {paths['b2']['cold_s']} s", flush=True)
@@ -477,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
         ray.shutdown()
     result["targets"] = {
         which: {"cold": verdict(paths, which, "cold_s"), "warm": verdict(paths, which, "warm_median_s")}
-        for which in ("b", "b2")
+        for which in ("b", "b3", "b2")
     }
     result["loadavg_at_end"] = [round(v, 2) for v in os.getloadavg()]
     result["total_s"] = round(time.perf_counter() - started, 1)

@@ -10,10 +10,18 @@ The same model (``include.models.tabular.build_model``), loss, optimizer, batch 
 * ``b`` / ``c``: ``include.models.tabular.train_loop`` under ``ray.train.torch.TorchTrainer`` with 1 and
   2 workers, fed by materialized Ray Data as ``emr_ray.jobs.train`` does (checkpoint every epoch
   under ``.state/bench/train_runs``).
+* ``b3`` / ``c3``: the same, but the loop's feed asks Ray Data for 16384-row batches and slices them
+  into the same minibatches itself (a one-function change to the loop's ``_batches``).
+* ``b2`` / ``c2``: the same loop fed by issue 4's alternative design: each worker reads its own
+  Parquet files (round-robin by rank) with pyarrow into tensors, no Ray Data.
+
+Only the feed differs between b, b3 and b2 (patched into the worker process; model, optimizer,
+metrics, reports and checkpoints are ``include.training.loop``'s).
 
 Reported apart: ``ray.init`` (cluster start), materializing the data, and the fixed overhead of
 each ``fit()``: time from the ``fit()`` call to the first reported epoch minus that epoch's own
-time (worker start-up, process group, dataset split), and from the last report to ``fit()``'s
+time (worker group start, then loop set-up: model, process group, dataset shard or own read),
+how much longer the first epoch took than a steady one, and from the last report to ``fit()``'s
 return. Steady-state samples/s uses the epochs after the first. Figures are wall-clock on a
 shared, loaded 2-core machine: each carries the 1-minute load average at the time.
 
@@ -51,8 +59,18 @@ from bench._common import (  # noqa: E402
     write_json,
 )
 
-VARIANTS = ("a", "a_loader", "b", "c", "b2", "c2")
-RAY_VARIANTS = {"b": 1, "c": 2, "b2": 1, "c2": 2}  # workers; the *2 ones read their own shards
+VARIANTS = ("a", "a_loader", "b", "c", "b3", "c3", "b2", "c2")
+# variant: (workers, feed); feeds: Ray Data as the job does today, Ray Data fetched in big batches and
+# sliced in the worker, or each worker reading its own Parquet files with pyarrow (issue 4's design)
+RAY_VARIANTS = {
+    "b": (1, "ray_data"),
+    "c": (2, "ray_data"),
+    "b3": (1, "ray_data_sliced"),
+    "c3": (2, "ray_data_sliced"),
+    "b2": (1, "shards"),
+    "c2": (2, "shards"),
+}
+FETCH_SIZE = 16384  # rows per Ray Data batch for the "ray_data_sliced" feed
 
 
 def _steady(epochs: list[dict[str, Any]]) -> float | None:
@@ -172,6 +190,30 @@ def shard_train_loop(config: dict[str, Any]) -> None:
     tabular.train_loop(config)
 
 
+def sliced_feed() -> None:
+    """Swap the loop's feed for Ray Data batches of ``FETCH_SIZE`` rows sliced into minibatches.
+
+    The same minibatches in the same order as ``iter_torch_batches(batch_size)`` (FETCH_SIZE is a
+    multiple of the batch size), at a fraction of Ray Data's per-batch cost. Patched in this worker.
+    """
+    import torch
+
+    import include.models.tabular as tabular
+
+    def batches(shard, config, device):
+        features, label = config["feature_columns"], config["label_column"]
+        bs = int(config.get("batch_size", 256))
+        for batch in shard.iter_torch_batches(batch_size=max(FETCH_SIZE, bs), drop_last=False):
+            x = torch.stack([batch[c].to(torch.float32) for c in features], dim=1)
+            y = batch[label].to(torch.long)
+            for i in range(0, len(y), bs):
+                yield x[i : i + bs].to(device), y[i : i + bs].to(device)
+
+    for module in (tabular, sys.modules.get("include.training.loop")):
+        if module is not None and hasattr(module, "_batches"):
+            module._batches = batches
+
+
 def timed_loop(config: dict[str, Any]) -> None:
     """The worker function: the chosen loop, with worker-side timestamps added to each report.
 
@@ -192,9 +234,11 @@ def timed_loop(config: dict[str, Any]) -> None:
         return original({**metrics, **stamps}, *args, **kwargs)
 
     ray.train.report = report
-    if config.get("shard_files"):
+    if config.get("feed") == "shards":
         shard_train_loop(config)
     else:
+        if config.get("feed") == "ray_data_sliced":
+            sliced_feed()
         from include.models.tabular import train_loop
 
         train_loop(config)
@@ -307,6 +351,8 @@ def report(result: dict[str, Any]) -> str:
     for key, label in (
         ("b", "(b) TorchTrainer, 1 worker, Ray Data"),
         ("c", "(c) TorchTrainer, 2 workers, Ray Data"),
+        ("b3", "(b3) TorchTrainer, 1 worker, Ray Data sliced"),
+        ("c3", "(c3) TorchTrainer, 2 workers, Ray Data sliced"),
         ("b2", "(b2) TorchTrainer, 1 worker, own pyarrow shards"),
         ("c2", "(c2) TorchTrainer, 2 workers, own pyarrow shards"),
     ):
@@ -351,7 +397,11 @@ def report(result: dict[str, Any]) -> str:
             "",
             "Issue 5 targets: (b) >= 0.8x (a) in steady state; start-up < 15 s on a running cluster:",
         ]
-        for one, two, feed in (("b", "c", "Ray Data (today)"), ("b2", "c2", "own pyarrow shards")):
+        for one, two, feed in (
+            ("b", "c", "Ray Data (today)"),
+            ("b3", "c3", f"Ray Data, fetched {FETCH_SIZE} rows at a time and sliced"),
+            ("b2", "c2", "own pyarrow shards"),
+        ):
             if one not in v:
                 continue
             b = statistics.median(r["steady_rows_per_s"] for r in v[one])
@@ -426,20 +476,25 @@ def main(argv: list[str] | None = None) -> None:
             import ray.data
 
             datasets = None
-            if {"b", "c"} & set(chosen):
+            if any(RAY_VARIANTS[k][1] != "shards" for k in chosen if k in RAY_VARIANTS):
                 with timed(result, "materialize_s"):
                     datasets = {
                         "train": ray.data.read_parquet(train_files, partitioning=None).materialize(),
                         "test": ray.data.read_parquet(test_files, partitioning=None).materialize(),
                     }
-            shard_config = config | {"shard_files": {"train": train_files, "test": test_files}}
-            for key, workers in RAY_VARIANTS.items():
+            for key, (workers, feed) in RAY_VARIANTS.items():
                 if key not in chosen:
                     continue
-                if key.endswith("2"):
-                    v[key] = [ray_train(None, shard_config, workers, key) for _ in range(args.repeat)]
+                if feed == "shards":
+                    run_config = config | {
+                        "feed": feed,
+                        "shard_files": {"train": train_files, "test": test_files},
+                    }
+                    v[key] = [ray_train(None, run_config, workers, key) for _ in range(args.repeat)]
                 else:
-                    v[key] = [ray_train(datasets, config, workers, key) for _ in range(args.repeat)]
+                    v[key] = [
+                        ray_train(datasets, config | {"feed": feed}, workers, key) for _ in range(args.repeat)
+                    ]
                 print(f"{key} done: {v[key][0]['steady_rows_per_s']:.0f} rows/s", flush=True)
         finally:
             ray.shutdown()

@@ -249,6 +249,8 @@ def test_real_cos_pyarrow_options(monkeypatch):
 def test_connection_form_metadata():
     behaviour = COSHook.get_ui_field_behaviour()
     assert behaviour["relabeling"] == {"login": "SecretId", "password": "SecretKey"}
-    info = COSHook.provider_connection_type()
+    from emr_ray import get_provider_info
+
+    (info,) = [c for c in get_provider_info()["connection-types"] if c["connection-type"] == "cos"]
     assert info["hook-class-name"] == "emr_ray.hooks.cos.COSHook"
     assert info["conn-fields"]["token"]["schema"]["format"] == "password"

@@ -661,35 +661,6 @@ class COSHook(BaseHook):
             },
         }
 
-    @classmethod
-    def provider_connection_type(cls) -> dict[str, Any]:
-        """The ``connection-types`` entry for ``get_provider_info()``: Airflow 3 renders the form from it."""
-        text = {"type": ["string", "null"]}
-        return {
-            "connection-type": cls.conn_type,
-            "hook-class-name": f"{cls.__module__}.{cls.__qualname__}",
-            "hook-name": cls.hook_name,
-            "conn-fields": {
-                "region": {"label": "Region", "schema": text, "description": "e.g. ap-guangzhou (required)"},
-                "bucket": {"label": "Default bucket", "schema": text, "description": "name-APPID"},
-                "scheme": {"label": "Scheme", "schema": {"type": ["string", "null"], "default": "https"}},
-                "endpoint": {
-                    "label": "Endpoint",
-                    "schema": text,
-                    "description": "host:port of a private endpoint; the Host header stays COS's own",
-                },
-                "token": {
-                    "label": "Session token",
-                    "schema": {"type": ["string", "null"], "format": "password"},
-                },
-            },
-            "ui-field-behaviour": {
-                "hidden-fields": ["host", "schema", "port"],
-                "relabeling": {"login": "SecretId", "password": "SecretKey"},
-                "placeholders": {"login": "AKID...", "region": "ap-guangzhou"},
-            },
-        }
-
 
 # ---------------------------------------------------------------------- helpers
 
