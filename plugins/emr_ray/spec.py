@@ -34,10 +34,15 @@ def entrypoint(module: str, spec: dict[str, Any], python: str = "python") -> str
 
 
 def parse_marked(logs: str, marker: str) -> dict[str, Any] | None:
-    """The JSON on the last log line that starts with ``marker``, or None."""
+    """The JSON after ``marker`` on the last log line that holds it, or None.
+
+    The marker may follow other output on the same line (Spark's progress bar ends in a carriage
+    return, not a newline), so it is searched for, not expected at the start.
+    """
     for line in reversed(logs.splitlines()):
-        if line.startswith(marker):
-            return json.loads(line[len(marker) :])
+        at = line.rfind(marker)
+        if at >= 0:
+            return json.loads(line[at + len(marker) :])
     return None
 
 

@@ -42,6 +42,11 @@ def test_spec_round_trips_through_the_entrypoint():
     assert spec.decode_spec(command.rsplit(" ", 1)[1]) == payload
 
 
+def test_a_marker_after_a_progress_bar_on_the_same_line_is_found():
+    logs = '[Stage 5:>      (0 + 1) / 1]\r          \rEMR_RAY_RESULT {"rows": 3}\n'
+    assert spec.parse_marked(logs, spec.RESULT_MARKER) == {"rows": 3}
+
+
 def test_the_last_marked_line_is_the_result():
     logs = 'noise\nEMR_RAY_RESULT {"a": 1}\nmore\nEMR_RAY_RESULT {"a": 2}\n'
     assert spec.parse_marked(logs, spec.RESULT_MARKER) == {"a": 2}

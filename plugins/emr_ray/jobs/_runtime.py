@@ -54,10 +54,12 @@ def main(run: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None
     if args.result_file:
         with open(args.result_file, "w") as f:
             f.write(line)
-    print(RESULT_MARKER + line, flush=True)
+    sys.stderr.flush()
+    print("\n" + RESULT_MARKER + line, flush=True)  # on a line of its own, whatever was printed before
 
 
 def _fail(error: BaseException, *, code: int) -> None:
-    print(ERROR_MARKER + json.dumps({"type": type(error).__name__, "message": str(error)}), flush=True)
+    sys.stderr.flush()
+    print("\n" + ERROR_MARKER + json.dumps({"type": type(error).__name__, "message": str(error)}), flush=True)
     sys.stdout.flush()
     sys.exit(code)

@@ -40,6 +40,10 @@ def spark_configs(extra: dict[str, str] | None = None) -> dict[str, str]:
         "spark.sql.shuffle.partitions": "4",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # RayDP's Arrow->Spark UDF calls ray.init() in Spark's Python workers; with log_to_driver on,
+        # that process re-prints the cluster's logs into its own captured output: a log feedback loop.
+        "spark.executorEnv.RAY_LOG_TO_DRIVER": "0",
     }
     configs.update(extra or {})
     return configs
