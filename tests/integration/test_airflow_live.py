@@ -41,7 +41,7 @@ class Api:
                     return json.loads(response.read() or b"{}")
             except urllib.error.HTTPError as e:
                 if (
-                    e.code != 503 or attempt == retries - 1
+                    e.code not in (500, 503) or attempt == retries - 1
                 ):  # SQLite answers 503 "database is locked" at times
                     raise AssertionError(f"{method} {path}: {e.code} {e.read()[:500]!r}") from e
                 time.sleep(2)
