@@ -40,10 +40,6 @@ class LocalRay:
         and the head's address, so helper processes never pick another Ray found on the machine."""
         return {"env_vars": {"PYTHONPATH": str(project_root), "RAY_ADDRESS": self.gcs_address}}
 
-    def connection_uri_env(self) -> dict[str, str]:
-        """Environment for processes that act as clients of this head (``ray`` CLI, ``ray.init``)."""
-        return cluster_env(self.state_dir) | {"RAY_ADDRESS": self.gcs_address}
-
 
 def _ray_bin() -> str:
     candidate = Path(sys.executable).with_name("ray")
