@@ -8,15 +8,9 @@ The same model (``include.models.tabular.build_model``), loss, optimizer, batch 
   thread (a Ray Train worker with 1 CPU gets ``OMP_NUM_THREADS=1``); ``a_loader`` is the seed
   article's ``DataLoader(TensorDataset)``.
 * ``b`` / ``c``: ``include.models.tabular.train_loop`` under ``ray.train.torch.TorchTrainer`` with 1 and
-  2 workers, fed by materialized Ray Data as ``emr_ray.jobs.train`` does (checkpoint every epoch
-  under ``.state/bench/train_runs``).
-* ``b3`` / ``c3``: the same, but the loop's feed asks Ray Data for 16384-row batches and slices them
-  into the same minibatches itself (a one-function change to the loop's ``_batches``).
-* ``b2`` / ``c2``: the same loop fed by issue 4's alternative design: each worker reads its own
-  Parquet files (round-robin by rank) with pyarrow into tensors, no Ray Data.
-
-Only the feed differs between b, b3 and b2 (patched into the worker process; model, optimizer,
-metrics, reports and checkpoints are ``include.training.loop``'s).
+  2 workers, fed as ``emr_ray.jobs.train`` feeds it: each worker reads its own rows of the Parquet
+  files with pyarrow (``emr_ray.jobs.shards``), checkpoint every epoch under ``.state/bench/train_runs``.
+  (Earlier runs with the Ray Data feed this replaced are in ``bench/results/SUMMARY.md``.)
 
 Reported apart: ``ray.init`` (cluster start), materializing the data, and the fixed overhead of
 each ``fit()``: time from the ``fit()`` call to the first reported epoch minus that epoch's own
@@ -54,23 +48,12 @@ from bench._common import (  # noqa: E402
     read_shard,
     setup_env,
     table,
-    timed,
     write_dataset,
     write_json,
 )
 
-VARIANTS = ("a", "a_loader", "b", "c", "b3", "c3", "b2", "c2")
-# variant: (workers, feed); feeds: Ray Data as the job does today, Ray Data fetched in big batches and
-# sliced in the worker, or each worker reading its own Parquet files with pyarrow (issue 4's design)
-RAY_VARIANTS = {
-    "b": (1, "ray_data"),
-    "c": (2, "ray_data"),
-    "b3": (1, "ray_data_sliced"),
-    "c3": (2, "ray_data_sliced"),
-    "b2": (1, "shards"),
-    "c2": (2, "shards"),
-}
-FETCH_SIZE = 16384  # rows per Ray Data batch for the "ray_data_sliced" feed
+VARIANTS = ("a", "a_loader", "b", "c")
+RAY_VARIANTS = {"b": 1, "c": 2}  # variant: Ray Train workers
 
 
 def _steady(epochs: list[dict[str, Any]]) -> float | None:
@@ -160,60 +143,6 @@ def _recorder(path: str):
     return Recorder()
 
 
-def shard_train_loop(config: dict[str, Any]) -> None:
-    """``tabular.train_loop`` unchanged, fed by the issue-4 design instead of Ray Data.
-
-    Each worker reads its own files (round-robin by rank) with ``pyarrow.parquet.read_table`` ->
-    ``torch.from_numpy`` before the loop starts, and the loop's minibatches are slices of those
-    tensors. Only the feed is swapped (``ray.train.get_dataset_shard`` and ``tabular._batches`` are
-    patched in this worker process, where ``include.training.loop`` holds the loop); model, optimizer, metrics, reports and checkpoints are the loop's.
-    """
-    import ray.train
-
-    import include.models.tabular as tabular
-    from bench._common import read_shard
-
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    shards = {name: read_shard(files[rank::world]) for name, files in config["shard_files"].items()}
-
-    def batches(shard, config, device):
-        x, y = shard
-        bs = int(config.get("batch_size", 256))
-        for i in range(0, len(y), bs):
-            yield x[i : i + bs].to(device), y[i : i + bs].to(device)
-
-    ray.train.get_dataset_shard = shards.__getitem__
-    for module in (tabular, sys.modules.get("include.training.loop")):  # wherever the loop's feed lives
-        if module is not None and hasattr(module, "_batches"):
-            module._batches = batches
-    tabular.train_loop(config)
-
-
-def sliced_feed() -> None:
-    """Swap the loop's feed for Ray Data batches of ``FETCH_SIZE`` rows sliced into minibatches.
-
-    The same minibatches in the same order as ``iter_torch_batches(batch_size)`` (FETCH_SIZE is a
-    multiple of the batch size), at a fraction of Ray Data's per-batch cost. Patched in this worker.
-    """
-    import torch
-
-    import include.models.tabular as tabular
-
-    def batches(shard, config, device):
-        features, label = config["feature_columns"], config["label_column"]
-        bs = int(config.get("batch_size", 256))
-        for batch in shard.iter_torch_batches(batch_size=max(FETCH_SIZE, bs), drop_last=False):
-            x = torch.stack([batch[c].to(torch.float32) for c in features], dim=1)
-            y = batch[label].to(torch.long)
-            for i in range(0, len(y), bs):
-                yield x[i : i + bs].to(device), y[i : i + bs].to(device)
-
-    for module in (tabular, sys.modules.get("include.training.loop")):
-        if module is not None and hasattr(module, "_batches"):
-            module._batches = batches
-
-
 def timed_loop(config: dict[str, Any]) -> None:
     """The worker function: the chosen loop, with worker-side timestamps added to each report.
 
@@ -234,18 +163,13 @@ def timed_loop(config: dict[str, Any]) -> None:
         return original({**metrics, **stamps}, *args, **kwargs)
 
     ray.train.report = report
-    if config.get("feed") == "shards":
-        shard_train_loop(config)
-    else:
-        if config.get("feed") == "ray_data_sliced":
-            sliced_feed()
-        from include.models.tabular import train_loop
+    from include.models.tabular import train_loop
 
-        train_loop(config)
+    train_loop(config)
 
 
-def ray_train(datasets, config: dict[str, Any], workers: int, tag: str) -> dict[str, Any]:
-    """One ``TorchTrainer.fit()``; ``datasets=None`` runs the per-worker shard design."""
+def ray_train(config: dict[str, Any], workers: int, tag: str) -> dict[str, Any]:
+    """One ``TorchTrainer.fit()`` of the job's loop and feed."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -264,7 +188,6 @@ def ray_train(datasets, config: dict[str, Any], workers: int, tag: str) -> dict[
             ),
             callbacks=[_recorder(str(record))],
         ),
-        datasets=datasets,
     )
     fit_started = time.time()
     result = trainer.fit()
@@ -353,12 +276,8 @@ def report(result: dict[str, Any]) -> str:
         for r in v.get(key, []):
             add(f"{label}, {r['threads']} thread(s), {r.get('when', 'before Ray')}", r)
     for key, label in (
-        ("b", "(b) TorchTrainer, 1 worker, Ray Data"),
-        ("c", "(c) TorchTrainer, 2 workers, Ray Data"),
-        ("b3", "(b3) TorchTrainer, 1 worker, Ray Data sliced"),
-        ("c3", "(c3) TorchTrainer, 2 workers, Ray Data sliced"),
-        ("b2", "(b2) TorchTrainer, 1 worker, own pyarrow shards"),
-        ("c2", "(c2) TorchTrainer, 2 workers, own pyarrow shards"),
+        ("b", "(b) TorchTrainer job path, 1 worker"),
+        ("c", "(c) TorchTrainer job path, 2 workers"),
     ):
         for r in v.get(key, []):
             add(
@@ -383,7 +302,7 @@ def report(result: dict[str, Any]) -> str:
     )
     text += [
         "",
-        f"- ray.init {result.get('ray_init_s', '-')} s; materialize train+test {result.get('materialize_s', '-')} s",
+        f"- ray.init {result.get('ray_init_s', '-')} s",
     ]
     for key in RAY_VARIANTS:
         for r in v.get(key, []):
@@ -401,11 +320,7 @@ def report(result: dict[str, Any]) -> str:
             f"Issue 5 targets: (b) >= 0.8x (a) in steady state, (a) = the fastest plain run above "
             f"({per_second(a)} rows/s); start-up < 15 s on a running cluster:",
         ]
-        for one, two, feed in (
-            ("b", "c", "Ray Data (today)"),
-            ("b3", "c3", f"Ray Data, fetched {FETCH_SIZE} rows at a time and sliced"),
-            ("b2", "c2", "own pyarrow shards"),
-        ):
+        for one, two, feed in (("b", "c", "job path (per-worker pyarrow shards)"),):
             if one not in v:
                 continue
             b = statistics.median(r["steady_rows_per_s"] for r in v[one])
@@ -461,6 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         "variants": {},
     }
     v = result["variants"]
+    import pyarrow.parquet as pq
     import ray
 
     result["machine"] = machine()
@@ -474,28 +390,24 @@ def main(argv: list[str] | None = None) -> None:
     if set(chosen) & set(RAY_VARIANTS):
         result["ray_init_s"] = round(init_ray(num_cpus=2), 2)
         try:
-            import ray.data
+            from emr_ray.jobs import shards
 
-            datasets = None
-            if any(RAY_VARIANTS[k][1] != "shards" for k in chosen if k in RAY_VARIANTS):
-                with timed(result, "materialize_s"):
-                    datasets = {
-                        "train": ray.data.read_parquet(train_files, partitioning=None).materialize(),
-                        "test": ray.data.read_parquet(test_files, partitioning=None).materialize(),
-                    }
-            for key, (workers, feed) in RAY_VARIANTS.items():
+            plan = {
+                "datasets": {
+                    name: shards.describe(
+                        f"file://{files[0].rpartition('/')[0]}",
+                        [(f, pq.ParquetFile(f).metadata.num_rows) for f in files],
+                        equal=name == "train",
+                    )
+                    for name, files in (("train", train_files), ("test", test_files))
+                },
+                "storage": {},
+            }
+            for key, workers in RAY_VARIANTS.items():
                 if key not in chosen:
                     continue
-                if feed == "shards":
-                    run_config = config | {
-                        "feed": feed,
-                        "shard_files": {"train": train_files, "test": test_files},
-                    }
-                    v[key] = [ray_train(None, run_config, workers, key) for _ in range(args.repeat)]
-                else:
-                    v[key] = [
-                        ray_train(datasets, config | {"feed": feed}, workers, key) for _ in range(args.repeat)
-                    ]
+                run_config = config | {shards.PLAN_KEY: plan}
+                v[key] = [ray_train(run_config, workers, key) for _ in range(args.repeat)]
                 print(f"{key} done: {v[key][0]['steady_rows_per_s']:.0f} rows/s", flush=True)
         finally:
             ray.shutdown()

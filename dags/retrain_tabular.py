@@ -12,8 +12,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, AsyncCallback, DeadlineAlert, DeadlineReference, Param, task
 
+from emr_ray.deadlines import MISSED_DEADLINE_CALLBACK
 from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
@@ -38,6 +39,12 @@ with DAG(
     max_active_runs=1,
     tags=["emr-ray", "retraining", "tabular"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
+    # Airflow 3's successor of SLAs: warn (the run goes on) when a run is not done 3 hours after it was queued
+    deadline=DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=timedelta(hours=3),
+        callback=AsyncCallback(MISSED_DEADLINE_CALLBACK),
+    ),
     params={
         "partition": partition_param(),
         "epochs": Param(5, type="integer", minimum=1, maximum=200),

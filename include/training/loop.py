@@ -1,8 +1,10 @@
 """The Ray Train worker loop shared by the project's models (runs on Ray Train workers).
 
-Each worker reads its shard of the staged Parquet through Ray Data, trains, evaluates on the test
-shard (metrics all-reduced over workers), and reports per-epoch metrics with a checkpoint from
-rank 0. It resumes from the latest checkpoint when Ray Train or an Airflow retry restarts it.
+Each worker reads its own rows of the staged Parquet once (``emr_ray.jobs.shards``: pyarrow straight
+into tensors), trains on minibatches reshuffled every epoch (seeded, so a resumed run sees the
+same order), evaluates on its test rows (metrics all-reduced over workers), and reports per-epoch
+metrics with a checkpoint from rank 0. It resumes from the latest checkpoint when Ray Train or an
+Airflow retry restarts it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,29 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _batches(shard, config: dict[str, Any], device):
+def _tensors(config: dict[str, Any], name: str):
+    """This worker's rows of dataset ``name`` as ``(features float32 [n, f], labels int64 [n])``."""
+    import numpy as np
     import torch
 
-    features, label = config["feature_columns"], config["label_column"]
-    for batch in shard.iter_torch_batches(batch_size=int(config.get("batch_size", 256)), drop_last=False):
-        x = torch.stack([batch[c].to(torch.float32) for c in features], dim=1).to(device)
-        yield x, batch[label].to(torch.long).to(device)
+    from emr_ray.jobs.shards import worker_shard
+
+    features, label = list(config["feature_columns"]), config["label_column"]
+    table = worker_shard(config, name, features + [label])
+    if table is None:
+        return torch.empty((0, len(features))), torch.empty((0,), dtype=torch.long)
+    x = np.empty((table.num_rows, len(features)), dtype=np.float32)
+    for j, column in enumerate(features):
+        x[:, j] = table.column(column).to_numpy()
+    y = np.ascontiguousarray(table.column(label).to_numpy(), dtype=np.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _batches(data, batch_size: int, device, order=None):
+    x, y = data
+    for i in range(0, len(y), batch_size):
+        index = order[i : i + batch_size] if order is not None else slice(i, i + batch_size)
+        yield x[index].to(device), y[index].to(device)
 
 
 def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], Any]) -> None:
@@ -31,7 +49,8 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
     import torch.distributed as dist
     from ray.train.torch import get_device, prepare_model
 
-    torch.manual_seed(int(config.get("seed", 42)))
+    seed = int(config.get("seed", 42))
+    torch.manual_seed(seed)
     device = get_device()
     model = build_model(config)
     optimizer_state = None
@@ -48,8 +67,8 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
     if optimizer_state:
         optimizer.load_state_dict(optimizer_state)
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
-    train_shard = ray.train.get_dataset_shard("train")
-    test_shard = ray.train.get_dataset_shard("test")
+    train, test = _tensors(config, "train"), _tensors(config, "test")
+    batch_size = int(config.get("batch_size", 256))
     rank = ray.train.get_context().get_world_rank()
     distributed = dist.is_available() and dist.is_initialized()
 
@@ -58,7 +77,8 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
         model.train()
         # train loss, train rows, test loss, correct, test rows; on the device, as NCCL reduces no CPU tensors
         sums = torch.zeros(5, dtype=torch.float64, device=device)
-        for x, y in _batches(train_shard, config, device):
+        order = torch.randperm(len(train[1]), generator=torch.Generator().manual_seed(seed + epoch))
+        for x, y in _batches(train, batch_size, device, order):
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
             (loss / len(y)).backward()
@@ -67,7 +87,7 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
             sums[1] += len(y)
         model.eval()
         with torch.no_grad():
-            for x, y in _batches(test_shard, config, device):
+            for x, y in _batches(test, batch_size, device):
                 logits = model(x)
                 sums[2] += loss_fn(logits, y).item()
                 sums[3] += (logits.argmax(dim=1) == y).sum().item()

@@ -52,3 +52,27 @@ print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_retraining_warns_when_a_run_misses_its_deadline(dagbag):
+    """Airflow 3's DeadlineAlert (SLAs' successor): a late run is reported by the triggerer, not failed."""
+    from emr_ray.deadlines import MISSED_DEADLINE_CALLBACK
+
+    (alert,) = dagbag.dags["retrain_tabular"].deadline
+    assert alert.callback.path == MISSED_DEADLINE_CALLBACK
+    assert alert.interval.total_seconds() >= 3600
+
+
+def test_the_deadline_warning_names_the_run_and_the_partition():
+    import asyncio
+
+    from emr_ray.deadlines import warn_missed_deadline
+
+    context = {
+        "dag_run": {"dag_id": "retrain_tabular", "dag_run_id": "scheduled__2026-11-02", "state": "running",
+                    "logical_date": "2026-11-02T00:00:00Z", "conf": {}, "queued_at": "2026-11-03T00:00:05Z"},
+        "deadline": {"id": "d1", "deadline_time": "2026-11-03T03:00:05Z"},
+    }  # fmt: skip
+    message = asyncio.run(warn_missed_deadline(context=context))
+    assert "scheduled__2026-11-02" in message and "partition 2026-11-02" in message
+    assert "2026-11-03T03:00:05Z" in message and "running" in message

@@ -5,8 +5,9 @@ triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI 
   deliberately weak model (one epoch, tiny learning rate) that must not take the champion alias from
   the model ``test_retrain_tabular`` registered first;
 - the same from the UI's trigger form, in headless Chromium;
-- a backfill over three historical partitions (``POST /api/v2/backfills``), as a dry run so it stays
-  quick: each run validates exactly its own partition; the one with no data fails alone, clearly.
+- a backfill over three historical partitions (``POST /api/v2/backfills``, one run at a time): each
+  run preprocesses, trains and registers exactly its own partition (a rerun of a partition the
+  session already staged replaces it cleanly); the date with no data fails alone, clearly.
 """
 
 from __future__ import annotations
@@ -116,9 +117,9 @@ def test_a_bad_parameter_is_refused_at_trigger_time(api):
         )
 
 
-def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api):
+def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api, stack):
     body = {"dag_id": DAG_ID, "from_date": f"{BACKFILL[0]}T00:00:00Z", "to_date": f"{BACKFILL[-1]}T00:00:00Z",
-            "reprocess_behavior": "completed", "max_active_runs": 1, "dag_run_conf": {"dry_run": True}}  # fmt: skip
+            "reprocess_behavior": "completed", "max_active_runs": 1, "dag_run_conf": {"epochs": 1}}  # fmt: skip
     backfill = api.call("POST", "/api/v2/backfills", body)
     deadline = time.monotonic() + 120
     while True:
@@ -127,10 +128,33 @@ def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api):
             break
         assert time.monotonic() < deadline, f"backfill {backfill['id']} created {len(runs)} runs"
         time.sleep(3)
-    finished = wait_for_runs(api, {r["dag_run_id"] for r in runs})
+    finished = wait_for_runs(api, {r["dag_run_id"] for r in runs}, timeout=1500)
     by_date = {r["logical_date"][:10]: r for r in finished.values()}
     assert sorted(by_date) == BACKFILL
     assert [by_date[d]["state"] for d in BACKFILL] == ["success", "success", "failed"]
+
+    import mlflow
+
+    from emr_ray import storage
+
+    client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
+    versions = {v.tags.get("airflow.run_id"): v for v in client.search_model_versions("name='tabular-mlp'")}
+    for date in BACKFILL[:2]:  # each run staged and registered its own partition, and only that one
+        run_id = by_date[date]["dag_run_id"]
+        staged = storage.partition_uri(stack.staging_uri, "tabular", date)
+        manifest = storage.read_manifest(staged)
+        assert manifest["partition"] == date and manifest["input_uri"].endswith(f"dt={date}")
+        assert manifest["producer"]["airflow.run_id"] == run_id, "the partition was not replaced by its rerun"
+        assert versions[run_id].tags["partition"] == date
+        assert versions[run_id].tags["data_uri"] == staged
+        assert client.get_run(versions[run_id].run_id).data.params["epochs"] == "1"
+    missing = by_date[BACKFILL[2]]["dag_run_id"]
+    tis = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{missing}/taskInstances")["task_instances"]
+    states = {ti["task_id"]: ti["state"] for ti in tis}
+    assert states["wait_for_partition"] == "failed"
+    assert {states[t] for t in ("check_cluster", "preprocess", "train", "register")} == {"upstream_failed"}
+    assert not any(v.tags.get("partition") == BACKFILL[2] for v in versions.values())
+    assert not storage.is_committed(storage.partition_uri(stack.staging_uri, "tabular", BACKFILL[2]))
 
 
 def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):

@@ -61,6 +61,20 @@ def test_model_versions_are_tagged_with_run_and_partition(registry, runs):
     assert registry.get_run(good.run_id).data.metrics["test_accuracy"] > 0.8
 
 
+def test_the_training_run_has_every_epoch_the_model_and_a_loss_curve(registry, runs):
+    run = registry.get_run(versions_by_partition(registry)[GOOD].run_id)
+    assert run.data.params["epochs"] == "5" and run.data.params["scaling.num_workers"] == "2"
+    history = registry.get_metric_history(run.info.run_id, "test_loss")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3, 4]
+    artifacts = {a.path for a in registry.list_artifacts(run.info.run_id)}
+    assert "loss_curve.png" in artifacts
+    curve = registry.download_artifacts(run.info.run_id, "loss_curve.png")
+    with open(curve, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    logged = registry.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert any(m.source_run_id == run.info.run_id and m.name == "model" for m in logged), "no model logged"
+
+
 def test_the_first_version_becomes_champion_and_challenger(registry, runs):
     versions = versions_by_partition(registry)
     aliases = registry.get_registered_model("tabular-mlp").aliases

@@ -4,14 +4,13 @@ Two interruptions: the Airflow side is killed mid-training and the task is retri
 1 is stopped, try 2 resumes from the latest checkpoint into the same MLflow run), and a Ray Train
 worker process dies (Ray Train restarts the worker group from the checkpoint, FailureConfig).
 Both runs must end with exactly the configured number of epochs. The Airflow task context is the
-small stand-in from ``test_ray_jobs``; Ray, Ray Train, Ray Data and MLflow are real.
+small stand-in from ``test_ray_jobs``; Ray, Ray Train and MLflow are real.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -94,6 +93,15 @@ def epochs_logged(tracking_uri: str, run_id: str) -> list[int]:
     return sorted({m.step for m in history})
 
 
+def train_worker_pids(hook: RayHook) -> list[int]:
+    """PIDs of this session's cluster's live Ray Train workers (its state API; never another cluster's)."""
+    params = {"filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE", "detail": "true"}
+    response = hook._request("GET", "/api/v0/actors", params=params)
+    assert response is not None
+    actors = response.json()["data"]["result"]["result"]
+    return sorted(a["pid"] for a in actors if a.get("class_name") == "RayTrainWorker" and a.get("pid"))
+
+
 def test_airflow_retry_resumes_from_the_latest_checkpoint(ray_conn, mlflow_conn, staged, tmp_path):
     hook = RayHook(ray_conn)
     first = FakeTaskInstance("train", try_number=1)
@@ -129,9 +137,9 @@ def test_a_killed_worker_is_restarted_from_its_checkpoint(ray_conn, mlflow_conn,
     )
     worker.start()
     wait_for_reported_epoch(run_dir, mlflow_conn.tracking_uri)
-    pids = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
+    pids = train_worker_pids(RayHook(ray_conn))
     assert pids, "no Ray Train worker process found"
-    os.kill(int(pids[0]), signal.SIGKILL)
+    os.kill(pids[0], signal.SIGKILL)
     worker.join(timeout=600)
     assert outcome["epochs_completed"] == EPOCHS
     assert outcome["final_metrics"]["start_epoch"] > 0

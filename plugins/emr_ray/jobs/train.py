@@ -1,4 +1,7 @@
-"""Job: distributed PyTorch training with Ray Train's TorchTrainer, fed by Ray Data, tracked in MLflow.
+"""Job: distributed PyTorch training with Ray Train's TorchTrainer, tracked in MLflow.
+
+Workers read their own shards of the committed Parquet partitions (``emr_ray.jobs.shards``); the
+job only plans them from the Parquet footers, so no data passes through the job or Ray's object store.
 
 Identity makes it resumable: the run's storage path and name come from the Airflow task, and a
 small state file there remembers the MLflow run and (once done) the result. A retry of an
@@ -17,6 +20,7 @@ import time
 from typing import Any
 
 from emr_ray import storage
+from emr_ray.jobs import shards
 from emr_ray.jobs._runtime import JobInputError, main, storage_options
 from emr_ray.spec import import_by_path
 
@@ -46,16 +50,26 @@ def _write_state(fsys, path: str, state: dict[str, Any]) -> None:
         f.write(json.dumps(state, indent=2, sort_keys=True, default=str).encode())
 
 
-def _load_dataset(uri: str, options: storage.StorageOptions):
-    import ray.data
+def _plan_datasets(spec: dict[str, Any], options: storage.StorageOptions) -> dict[str, Any]:
+    """The shard plan for the workers: each dataset's Parquet files with their row counts."""
+    import pyarrow.parquet as pq
 
-    files = storage.list_parquet_files(uri, options)
-    if not files:
-        raise JobInputError(f"Training input {uri} has no Parquet files; run the preprocessing step first.")
-    # Materialized up front: on a small cluster, lazy reads would compete with the train workers for CPUs.
-    return ray.data.read_parquet(
-        files, filesystem=storage.filesystem(uri, options), partitioning=None
-    ).materialize()
+    datasets = {}
+    for name, uri in spec["datasets"].items():
+        files = storage.list_parquet_files(uri, options)
+        if not files:
+            raise JobInputError(
+                f"Training input {name}={uri} has no Parquet files; run the preprocessing step first."
+            )
+        fsys = storage.filesystem(uri, options)
+        counted = []
+        for path in files:
+            with fsys.open_input_file(path) as f:
+                counted.append((path, pq.ParquetFile(f).metadata.num_rows))
+        if not sum(rows for _, rows in counted):
+            raise JobInputError(f"Training input {name}={uri} has no rows; check the preprocessing step.")
+        datasets[name] = shards.describe(uri, counted, equal=(name == "train"))
+    return {"datasets": datasets, "storage": spec.get("storage") or {}}
 
 
 def _mlflow_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
@@ -187,9 +201,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     ray.init(address="auto", logging_level=logging.WARNING)
     started = time.monotonic()
-    datasets = {name: _load_dataset(uri, options) for name, uri in spec["datasets"].items()}
-    rows = {name: ds.count() for name, ds in datasets.items()}
-    log.info("Loaded datasets %s in %.1fs", rows, time.monotonic() - started)
+    plan = _plan_datasets(spec, options)
+    rows = {name: sum(n for _, n in entry["files"]) for name, entry in plan["datasets"].items()}
+    workers = int(spec["scaling"].get("num_workers", 2))
+    if rows["train"] < workers:
+        raise JobInputError(
+            f"Training input {spec['datasets']['train']} has {rows['train']} rows for {workers} workers; "
+            "use fewer workers or a larger partition."
+        )
+    log.info("Planned per-worker shards of %s rows in %.1fs", rows, time.monotonic() - started)
     resuming = bool(state.get("mlflow_run_id"))
     state = {"fingerprint": print_key, "mlflow_run_id": _start_mlflow_run(spec, state)}
     _write_state(fsys, run_path, state)
@@ -202,7 +222,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     storage_scheme, storage_root = storage.split_uri(spec["storage_path"])
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config=spec["config"],
+        train_loop_config={**spec["config"], shards.PLAN_KEY: plan},
         scaling_config=ray.train.ScalingConfig(
             num_workers=int(scaling.get("num_workers", 2)),
             use_gpu=bool(scaling.get("use_gpu", False)),
@@ -223,7 +243,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             failure_config=ray.train.FailureConfig(max_failures=int(failure.get("max_failures", 1))),
             callbacks=[_mlflow_callback(spec["mlflow"]["tracking_uri"], mlflow_run_id, epochs)],
         ),
-        datasets=datasets,
     )
     import mlflow
 
@@ -240,8 +259,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         best = best or result.checkpoint
         if best is None:
             raise RuntimeError(f"Training {spec['run_name']} finished without a checkpoint; nothing to log.")
-        example = _input_example(datasets["test" if "test" in datasets else "train"], spec["config"])
+        example_set = plan["datasets"]["test" if "test" in plan["datasets"] else "train"]
+        example = _input_example(example_set, spec["config"], options)
         _log_model(spec, mlflow_run_id, best, example)
+        _log_loss_curve(client, mlflow_run_id, spec["run_name"])
         final = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
         for key in ("test_accuracy", "test_loss"):
             if key in final:
@@ -271,11 +292,46 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return output
 
 
-def _input_example(dataset, config: dict[str, Any]):
+def _input_example(entry: dict[str, Any], config: dict[str, Any], options: storage.StorageOptions):
+    """Three rows of features, for the logged model's signature and input example."""
     import numpy as np
 
-    rows = dataset.take(3)
-    return np.array([[row[c] for c in config["feature_columns"]] for row in rows], dtype=np.float32)
+    columns = list(config["feature_columns"])
+    pieces = [shards.Piece(entry["files"][0][0], 0, min(3, int(entry["files"][0][1])))]
+    table = shards.read(pieces, storage.filesystem(entry["uri"], options), columns)
+    return np.column_stack([table.column(c).to_numpy() for c in columns]).astype(np.float32)
+
+
+def _log_loss_curve(client, mlflow_run_id: str, title: str) -> None:
+    """Plot the per-epoch losses (and accuracy) from MLflow's history into ``loss_curve.png``."""
+    import tempfile
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run_id, key))
+        for key in ("train_loss", "test_loss", "test_accuracy")
+    }
+    if not history["train_loss"]:
+        return
+    figure, (losses, accuracy) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for key in ("train_loss", "test_loss"):
+        losses.plot([s + 1 for s, _ in history[key]], [v for _, v in history[key]], marker="o", label=key)
+    losses.set(xlabel="epoch", ylabel="loss", title="loss")
+    losses.legend()
+    points = history["test_accuracy"]
+    accuracy.plot([s + 1 for s, _ in points], [v for _, v in points], marker="o", color="tab:green")
+    accuracy.set(xlabel="epoch", ylabel="accuracy", title="test accuracy")
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "loss_curve.png")
+        figure.savefig(path, dpi=100)
+        client.log_artifact(mlflow_run_id, path)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

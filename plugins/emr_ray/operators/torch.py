@@ -15,12 +15,16 @@ _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 class TorchTrainOperator(RayJobOperator):
-    """Train a model with ``TorchTrainer`` on the cluster, feeding workers from staged Parquet via Ray Data.
+    """Train a model with ``TorchTrainer`` on the cluster; each worker reads its own rows of the staged Parquet.
+
+    Workers read their shards straight from storage with pyarrow (``emr_ray.jobs.shards``): equal
+    training shards (so DDP workers run the same steps), no copy through the job or Ray's object store.
 
     The Ray Train run name and storage path come from the task instance, so an Airflow retry resumes
     from the latest checkpoint in ``<storage_path>/checkpoints/<dag_id>/<run_id>/<task_id>``, and a
     rerun of a finished training with the same inputs returns its stored result. One MLflow run per
-    training task gets the params, per-epoch metrics and the final model (``model``). The XCom:
+    training task gets the params, per-epoch metrics, a ``loss_curve.png`` and the final model
+    (``model``, with signature and input example). The XCom:
     ``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``, ``best_metrics``, ``epochs_completed``.
 
     :param train_loop: import path of the per-worker loop, ``include.models.tabular:train_loop`` (templated).

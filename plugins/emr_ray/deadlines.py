@@ -1,0 +1,40 @@
+"""Deadline callbacks for DAGs (Airflow 3's ``DeadlineAlert``, which replaced Airflow 2's SLAs).
+
+A retraining run that is not done in time usually means a late partition or a busy cluster; the
+team wants a warning while the run goes on, not a failed run. Use as::
+
+    DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=timedelta(hours=3),
+        callback=AsyncCallback(MISSED_DEADLINE_CALLBACK),
+    )
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: the import path Airflow's triggerer resolves the callback by
+MISSED_DEADLINE_CALLBACK = "emr_ray.deadlines.warn_missed_deadline"
+
+
+def describe_miss(context: dict[str, Any]) -> str:
+    """One line naming the run, when it was queued, its deadline and its state."""
+    run = context.get("dag_run") or {}
+    deadline = (context.get("deadline") or {}).get("deadline_time")
+    return (
+        f"Deadline missed: DAG {run.get('dag_id')!r} run {run.get('dag_run_id')!r} "
+        f"(partition {(run.get('conf') or {}).get('partition') or str(run.get('logical_date') or '')[:10]}, "
+        f"queued at {run.get('queued_at')}) was not done by {deadline}; it is {run.get('state')}. "
+        "Check the partition's arrival and the ray_cluster pool's queue."
+    )
+
+
+async def warn_missed_deadline(context: dict[str, Any], **_: Any) -> str:
+    """An ``AsyncCallback`` for ``DeadlineAlert``: log a warning in the triggerer; the run goes on."""
+    message = describe_miss(context)
+    log.warning("%s", message)
+    return message

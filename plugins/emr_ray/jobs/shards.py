@@ -1,0 +1,104 @@
+"""Per-worker shards of a committed Parquet partition: the training feed (runs on the cluster).
+
+Each Ray Train worker reads its own contiguous range of rows straight from the Parquet files with
+pyarrow (only the row groups it needs), instead of streaming every row through Ray Data. Measured
+in ``bench/data_path.py``: 5.2M rows/s into tensors this way, against 62k rows/s through
+``read_parquet`` -> ``iter_torch_batches`` on the same machine.
+
+The job plans the shards once (file list and row counts from the Parquet footers, no data read)
+and hands the plan to the workers in their config; a worker reads its range on start. Training
+shards are equal in size (at most ``world_size - 1`` rows are dropped), so every DDP worker runs
+the same number of steps; evaluation shards split all rows. A worker holds its shard in memory:
+``rows / workers x columns x 4`` bytes; add workers (or nodes) for partitions larger than that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: the key of the shard plan in the train loop's config (the job adds it; the loop reads it)
+PLAN_KEY = "_emr_ray_shards"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of one Parquet file."""
+
+    path: str
+    start: int
+    stop: int
+
+
+def plan(files: list[tuple[str, int]], world_size: int, *, equal: bool) -> list[list[Piece]]:
+    """Split the rows of ``files`` (``(path, rows)`` in order) into ``world_size`` contiguous ranges.
+
+    ``equal=True`` gives every rank ``total // world_size`` rows (for training); otherwise all rows
+    are spread, the first ranks taking one extra where the total does not divide (for evaluation).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: need at least one worker.")
+    total = sum(rows for _, rows in files)
+    if equal:
+        per = total // world_size
+        bounds = [(r * per, (r + 1) * per) for r in range(world_size)]
+    else:
+        bounds = [(r * total // world_size, (r + 1) * total // world_size) for r in range(world_size)]
+    shards: list[list[Piece]] = []
+    for lo, hi in bounds:
+        pieces, offset = [], 0
+        for path, rows in files:
+            start, stop = max(lo - offset, 0), min(hi - offset, rows)
+            if start < stop:
+                pieces.append(Piece(path, start, stop))
+            offset += rows
+        shards.append(pieces)
+    return shards
+
+
+def read(pieces: list[Piece], fsys: Any, columns: list[str]):
+    """The rows of ``pieces`` as one pyarrow Table, reading only the row groups they overlap."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for piece in pieces:
+        with fsys.open_input_file(piece.path) as f:
+            parquet = pq.ParquetFile(f)
+            groups, first_row, row = [], None, 0
+            for i in range(parquet.metadata.num_row_groups):
+                n = parquet.metadata.row_group(i).num_rows
+                if row < piece.stop and row + n > piece.start:
+                    groups.append(i)
+                    first_row = row if first_row is None else first_row
+                row += n
+            if not groups:
+                continue
+            table = parquet.read_row_groups(groups, columns=columns)
+            tables.append(table.slice(piece.start - first_row, piece.stop - piece.start))
+    if not tables:
+        return None
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def describe(uri: str, files: list[tuple[str, int]], *, equal: bool) -> dict[str, Any]:
+    """One dataset's entry in the plan the job passes to the workers."""
+    return {"uri": uri, "files": [[path, rows] for path, rows in files], "equal": equal}
+
+
+def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
+    """This Ray Train worker's rows of dataset ``name`` (a pyarrow Table; ``None`` when it has none).
+
+    Call inside a Ray Train loop. The storage credentials come from the job's environment, which
+    Ray passes on to the workers; the plan in ``config`` holds no secrets.
+    """
+    import ray.train
+
+    from emr_ray import storage
+    from emr_ray.jobs._runtime import storage_options
+
+    entry = config[PLAN_KEY]["datasets"][name]
+    context = ray.train.get_context()
+    pieces = plan([(p, int(n)) for p, n in entry["files"]], context.get_world_size(), equal=entry["equal"])
+    options = storage_options({"storage": config[PLAN_KEY].get("storage") or {}})
+    return read(pieces[context.get_world_rank()], storage.filesystem(entry["uri"], options), columns)
