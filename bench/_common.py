@@ -200,3 +200,45 @@ def per_second(value: float | None) -> str:
     if not value:
         return "-"
     return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.0f}k"
+
+
+def footer_rows(paths: list[str]) -> list[tuple[str, int]]:
+    """``(path, rows)`` of each file from its Parquet footer (no data read), as ``emr_ray.jobs.train`` plans."""
+    import pyarrow.parquet as pq
+
+    return [(p, pq.ParquetFile(p).metadata.num_rows) for p in paths]
+
+
+def shard_config(files: list[tuple[str, int]], *, equal: bool = True, name: str = "train") -> dict[str, Any]:
+    """A train-loop config holding a shard plan of local ``files``, as the job passes it to the workers."""
+    from emr_ray.jobs import shards
+
+    folder = files[0][0].rpartition("/")[0] if files else ""
+    plan = {"datasets": {name: shards.describe(f"file://{folder}", files, equal=equal)}, "storage": {}}
+    return {"feature_columns": FEATURE_COLUMNS, "label_column": LABEL_COLUMN, shards.PLAN_KEY: plan}
+
+
+def worker_tensors(config: dict[str, Any], name: str, rank: int, world: int) -> tuple[Any, Any]:
+    """``include.training.loop._tensors`` for rank ``rank`` of ``world``, outside Ray Train.
+
+    ``_tensors`` is called as is. Only its ``emr_ray.jobs.shards.worker_shard`` call, which asks Ray
+    Train's context for the rank and world size, is swapped (for this call, in this process) for a
+    stand-in that takes them as arguments and does the rest as ``worker_shard`` does:
+    ``shards.plan(footer row counts, world, equal=...)`` then ``shards.read(pieces, pyarrow
+    LocalFileSystem, columns)``. So the benchmark times the product's own planning, reading and
+    conversion code rather than a copy of it.
+    """
+    from unittest import mock
+
+    from pyarrow import fs
+
+    from emr_ray.jobs import shards
+    from include.training.loop import _tensors
+
+    def local_worker_shard(config: dict[str, Any], name: str, columns: list[str]):
+        entry = config[shards.PLAN_KEY]["datasets"][name]
+        pieces = shards.plan([(p, int(n)) for p, n in entry["files"]], world, equal=entry["equal"])
+        return shards.read(pieces[rank], fs.LocalFileSystem(), columns)
+
+    with mock.patch.object(shards, "worker_shard", local_worker_shard):
+        return _tensors(config, name)

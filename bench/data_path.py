@@ -6,17 +6,19 @@ files under ``.state/bench/data``). Paths:
 * ``a_off`` / ``a_on``: the seed article's path on Spark on Ray (RayDP, 1 executor x 1 core, 2g):
   ``spark.read.parquet`` -> ``toPandas()`` -> ``torch.tensor`` -> ``TensorDataset``, with Arrow off
   (Spark's default) and with ``spark.sql.execution.arrow.pyspark.enabled=true``; one Spark session each.
-* ``b``: what ``emr_ray.jobs.train`` does today: ``ray.data.read_parquet(files).materialize()`` on the
-  driver, then 2 actors (1 CPU each, as the 2 train workers) iterate their ``streaming_split(2,
-  equal=True)`` shard with ``iter_torch_batches`` and stack the feature columns, as
-  ``include.models.tabular._batches`` does. Timed: materialize + one pass; actor start-up is
-  reported apart (it is train-worker start-up). ``reiterate`` is a second pass over the same
-  materialized data (an epoch after the first).
-* ``b3``: as ``b``, but each actor asks Ray Data for big batches (``iter_torch_batches(16384)``) and
-  slices them into minibatches of ``--batch-size`` itself: the same minibatches in the same order,
-  a fraction of Ray Data's per-batch cost.
-* ``b2``: the alternative in issue 4: 2 actors each read their own files (round-robin by rank) with
-  ``pyarrow.parquet.read_table`` -> ``torch.from_numpy``, then slice minibatches.
+* ``b``: the feed the operators use (``emr_ray.jobs.train`` + ``include.training.loop``): the driver
+  reads each file's row count from its Parquet footer (``shards.describe``, no data read); 2 actors
+  (1 CPU each, as the 2 train workers) each plan their contiguous rows with ``shards.plan(...,
+  equal=True)``, read them with ``shards.read`` (pyarrow ``LocalFileSystem``, only the row groups
+  they overlap), convert them with ``include.training.loop._tensors`` itself (see
+  ``bench._common.worker_tensors``), then take one pass of ``--batch-size`` minibatches. Timed:
+  footers + read + convert + one pass. Actor start-up (train-worker start-up) is reported apart.
+  Cold: the first read of fresh actors; warm: the same actors again.
+* ``b_raydata``: the feed before this change: ``ray.data.read_parquet(files).materialize()`` on the
+  driver, then 2 actors iterate their ``streaming_split(2, equal=True)`` shard with
+  ``iter_torch_batches(--batch-size)`` and stack the feature columns. Timed: materialize + one pass;
+  actor start-up is reported apart. ``reiterate`` is a second pass over the same materialized data
+  (an epoch after the first).
 * ``c``: ``pyarrow.parquet.read_table`` -> ``torch.from_numpy`` in this one process (upper bound).
 
 Cold: the first read of a session (fresh Spark session / fresh actors), after dropping the files
@@ -24,9 +26,15 @@ from the OS page cache. Warm: the following reads (``--repeat`` of them). Start-
 ``raydp.init_spark``, actor start) is reported apart, not in the rows/s. Figures are wall-clock on
 a shared, loaded 2-core machine: each carries the 1-minute load average at the time.
 
+``--subset PATH=FILES`` runs a slow path on the first FILES of the 8 files only (for 10M rows, where
+the Arrow-off Spark path alone would take over 10 minutes and hold ~10 GB); such a path reports the
+rows it read, and the targets compare rows/s, not seconds.
+
 Run inside the loopback-only namespace::
 
     bash scripts/loopback.sh .venv/bin/python bench/data_path.py --rows 1000000 --repeat 2
+    bash scripts/loopback.sh .venv/bin/python bench/data_path.py --rows 10000000 --repeat 1 \\
+        --subset a_off=2 --subset b_raydata=2
 """
 
 from __future__ import annotations
@@ -49,31 +57,32 @@ from bench._common import (  # noqa: E402
     LABEL_COLUMN,
     STATE,
     evict,
+    footer_rows,
     init_ray,
     machine,
-    rate,
+    per_second,
     read_shard,
     setup_env,
+    shard_config,
     table,
     timed,
     write_dataset,
     write_json,
 )
 
-PATHS = ("c", "b", "b3", "b2", "a_on", "a_off")
-FETCH_SIZE = 16384  # (b3): rows per Ray Data batch, sliced into minibatches in the worker
+PATHS = ("c", "b", "b_raydata", "a_on", "a_off")
 LABELS = {
     "a_off": "(a) Spark toPandas, Arrow off (default) -> TensorDataset",
     "a_on": "(a) Spark toPandas, Arrow on -> TensorDataset",
-    "b": "(b) today: read_parquet.materialize -> 2 actors iter_torch_batches",
-    "b3": f"(b3) as (b), iter_torch_batches({FETCH_SIZE}) sliced to minibatches",
-    "b2": "(b2) 2 actors, own files: read_table -> from_numpy",
+    "b": "(b) per-worker shards: 2 actors shards.plan/read -> loop._tensors",
+    "b_raydata": "Ray Data read_parquet.materialize -> iter_torch_batches (the feed before this change)",
     "c": "(c) read_table -> from_numpy, 1 process (upper bound)",
 }
+TARGETED = ("b", "b_raydata")  # the designs checked against issue 4's targets (b_raydata for reference)
 
 
 class BatchConsumer:
-    """Stands in for a train worker fed by Ray Data: iterates its shard as ``tabular._batches`` does."""
+    """Stands in for a train worker fed by Ray Data (the feed before the per-worker shards)."""
 
     def __init__(self) -> None:
         import ray.data  # noqa: F401  (imports paid here, as in a started train worker)
@@ -82,48 +91,47 @@ class BatchConsumer:
     def ready(self) -> int:
         return os.getpid()
 
-    def consume(self, shard, batch_size: int, fetch_size: int) -> dict[str, Any]:
-        """``fetch_size`` > ``batch_size``: fetch big batches from Ray Data and slice minibatches here."""
+    def consume(self, shard, batch_size: int) -> dict[str, Any]:
         import torch
 
         started = time.perf_counter()
         rows = batches = 0
-        for batch in shard.iter_torch_batches(batch_size=max(fetch_size, batch_size), drop_last=False):
+        for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False):
             x = torch.stack([batch[c].to(torch.float32) for c in FEATURE_COLUMNS], dim=1)
             y = batch[LABEL_COLUMN].to(torch.long)
-            for i in range(0, len(y), batch_size):
-                xb, yb = x[i : i + batch_size], y[i : i + batch_size]
-                rows += len(yb)
-                batches += 1
-                assert xb.shape == (len(yb), len(FEATURE_COLUMNS))
+            rows += len(y)
+            batches += 1
+            assert x.shape == (len(y), len(FEATURE_COLUMNS))
         return {"rows": rows, "batches": batches, "seconds": time.perf_counter() - started}
 
 
-class ShardReader:
-    """The per-worker design: rank ``rank`` of ``world`` reads files ``rank::world`` itself."""
+class ShardWorker:
+    """Stands in for train worker ``rank`` of ``world``: reads its own rows as the train loop does."""
 
     def __init__(self, rank: int, world: int) -> None:
         import pyarrow.parquet  # noqa: F401  (imports paid here, as in a started train worker)
         import torch  # noqa: F401
 
         import bench._common  # noqa: F401
+        import emr_ray.jobs.shards  # noqa: F401
+        import include.training.loop  # noqa: F401
 
         self.rank, self.world = rank, world
 
     def ready(self) -> int:
         return os.getpid()
 
-    def read(self, files: list[str], batch_size: int) -> dict[str, Any]:
-        from bench._common import read_shard
+    def read(self, config: dict[str, Any], batch_size: int) -> dict[str, Any]:
+        from bench._common import worker_tensors
 
         started = time.perf_counter()
-        x, y = read_shard(files[self.rank :: self.world])
+        x, y = worker_tensors(config, "train", self.rank, self.world)  # plan + read + loop._tensors
         read_seconds = time.perf_counter() - started
         batches = 0
-        for i in range(0, len(y), batch_size):  # what the train loop would do with the tensors
+        for i in range(0, len(y), batch_size):  # one pass of minibatches, as loop._batches slices them
             xb, yb = x[i : i + batch_size], y[i : i + batch_size]
             batches += 1
-            assert len(xb) == len(yb)
+            assert xb.shape == (len(yb), len(FEATURE_COLUMNS))
         return {
             "rows": len(y),
             "batches": batches,
@@ -136,6 +144,7 @@ def _summary(runs: list[dict[str, Any]], rows: int) -> dict[str, Any]:
     cold, warm = runs[0], runs[1:]
     warm_s = [r["seconds"] for r in warm]
     return {
+        "rows": rows,
         "cold_s": cold["seconds"],
         "cold_load1": cold["seconds_load1"],
         "warm_s": warm_s,
@@ -164,69 +173,18 @@ def bench_c(files: list[str], rows: int, repeat: int) -> dict[str, Any]:
     return _summary(runs, rows)
 
 
-def bench_b(
-    files: list[str], rows: int, repeat: int, batch_size: int, workers: int, fetch_size: int = 0
-) -> dict[str, Any]:
-    import ray
-    import ray.data
-
-    consumer = ray.remote(num_cpus=1)(BatchConsumer)
-    runs = []
-    for i in range(repeat + 1):
-        if i == 0:
-            evict(files)
-        run: dict[str, Any] = {}
-        if i > 0:  # a (c) read just before, under the same machine load
-            with timed(run, "paired_c_s"):
-                x, y = read_shard(files)
-            del x, y
-        with timed(run, "materialize_s"):
-            ds = ray.data.read_parquet(files, partitioning=None).materialize()
-        with timed(run, "actor_start_s"):  # not counted: this is train-worker start-up
-            actors = [consumer.remote() for _ in range(workers)]
-            ray.get([a.ready.remote() for a in actors])
-        with timed(run, "iterate_s"):
-            splits = ds.streaming_split(workers, equal=True)
-            out = ray.get(
-                [a.consume.remote(s, batch_size, fetch_size) for a, s in zip(actors, splits, strict=True)]
-            )
-        with timed(run, "reiterate_s"):  # epoch 2: the same materialized data again
-            splits = ds.streaming_split(workers, equal=True)
-            again = ray.get(
-                [a.consume.remote(s, batch_size, fetch_size) for a, s in zip(actors, splits, strict=True)]
-            )
-        run["seconds"] = round(run["materialize_s"] + run["iterate_s"], 3)
-        run["seconds_load1"] = run["iterate_s_load1"]
-        run["rows_per_worker"] = [o["rows"] for o in out]
-        run["batches_per_worker"] = [o["batches"] for o in out]
-        assert sum(o["rows"] for o in out) == rows == sum(o["rows"] for o in again), out
-        for a in actors:
-            ray.kill(a)
-        del ds
-        runs.append(run)
-    result = _summary(runs, rows)
-    warm = runs[1:] or runs
-    result["reiterate_median_s"] = statistics.median(r["reiterate_s"] for r in warm)
-    result["materialize_median_s"] = statistics.median(r["materialize_s"] for r in warm)
-    result["iterate_median_s"] = statistics.median(r["iterate_s"] for r in warm)
-    result["actor_start_median_s"] = statistics.median(r["actor_start_s"] for r in runs)
-    paired = [r["paired_c_s"] for r in runs if "paired_c_s" in r]
-    result["paired_c_warm_median_s"] = statistics.median(paired) if paired else None
-    return result
-
-
-def bench_b2(files: list[str], rows: int, repeat: int, batch_size: int, workers: int) -> dict[str, Any]:
-    """Cold: the first read of freshly started actors; warm: later reads in the same actors.
+def bench_b(files: list[str], rows: int, repeat: int, batch_size: int, workers: int) -> dict[str, Any]:
+    """The per-worker shard feed. Cold: the first read of freshly started actors; warm: the same actors.
 
     Each warm read is paired with a (c) read in this process just before it, so that the
-    within-2x-of-(c) check compares reads made under the same machine load.
+    within-2x-of-(c) check can compare reads made under the same machine load.
     """
     import ray
 
-    reader = ray.remote(num_cpus=1)(ShardReader)
+    worker = ray.remote(num_cpus=1)(ShardWorker)
     result: dict[str, Any] = {}
     with timed(result, "actor_start_s"):  # not counted: this is train-worker start-up
-        actors = [reader.remote(rank, workers) for rank in range(workers)]
+        actors = [worker.remote(rank, workers) for rank in range(workers)]
         ray.get([a.ready.remote() for a in actors])
     runs, paired_c = [], []
     try:
@@ -242,10 +200,16 @@ def bench_b2(files: list[str], rows: int, repeat: int, batch_size: int, workers:
                 paired_c.append(c_run)
             run: dict[str, Any] = {}
             with timed(run, "seconds"):
-                out = ray.get([a.read.remote(files, batch_size) for a in actors])
+                with timed(run, "footers_s"):  # the job's planning step: row counts from the footers
+                    config = shard_config(footer_rows(files), equal=True)
+                out = ray.get([a.read.remote(config, batch_size) for a in actors])
             run["rows_per_worker"] = [o["rows"] for o in out]
+            run["batches_per_worker"] = [o["batches"] for o in out]
             run["worker_read_s"] = [round(o["read_seconds"], 3) for o in out]
-            assert sum(o["rows"] for o in out) == rows, out
+            # equal=True: every worker gets rows // workers rows, at most workers - 1 are dropped
+            assert (
+                len(set(run["rows_per_worker"])) == 1 and rows - workers < sum(run["rows_per_worker"]) <= rows
+            )
             runs.append(run)
     finally:
         for a in actors:
@@ -254,6 +218,68 @@ def bench_b2(files: list[str], rows: int, repeat: int, batch_size: int, workers:
     result["actor_start_median_s"] = result["actor_start_s"]
     result["paired_c_warm_s"] = [r["seconds"] for r in paired_c]
     result["paired_c_warm_median_s"] = statistics.median(result["paired_c_warm_s"]) if paired_c else None
+    result["paired_c_rows"] = rows
+    return result
+
+
+def bench_b_raydata(
+    files: list[str],
+    rows: int,
+    repeat: int,
+    batch_size: int,
+    workers: int,
+    *,
+    reiterate: bool,
+    all_files: list[str],
+) -> dict[str, Any]:
+    """The Ray Data feed before this change; ``files`` may be a subset of ``all_files`` (``--subset``)."""
+    import ray
+    import ray.data
+
+    consumer = ray.remote(num_cpus=1)(BatchConsumer)
+    runs = []
+    for i in range(repeat + 1):
+        if i == 0:
+            evict(files)
+        run: dict[str, Any] = {}
+        if i > 0:  # a (c) read of all the files just before, under the same machine load
+            with timed(run, "paired_c_s"):
+                x, y = read_shard(all_files)
+            del x, y
+        with timed(run, "materialize_s"):
+            ds = ray.data.read_parquet(files, partitioning=None).materialize()
+        with timed(run, "actor_start_s"):  # not counted: this is train-worker start-up
+            actors = [consumer.remote() for _ in range(workers)]
+            ray.get([a.ready.remote() for a in actors])
+        with timed(run, "iterate_s"):
+            splits = ds.streaming_split(workers, equal=True)
+            out = ray.get([a.consume.remote(s, batch_size) for a, s in zip(actors, splits, strict=True)])
+        assert sum(o["rows"] for o in out) == rows, out
+        if reiterate:
+            with timed(run, "reiterate_s"):  # epoch 2: the same materialized data again
+                splits = ds.streaming_split(workers, equal=True)
+                again = ray.get(
+                    [a.consume.remote(s, batch_size) for a, s in zip(actors, splits, strict=True)]
+                )
+            assert sum(o["rows"] for o in again) == rows, again
+        run["seconds"] = round(run["materialize_s"] + run["iterate_s"], 3)
+        run["seconds_load1"] = run["iterate_s_load1"]
+        run["rows_per_worker"] = [o["rows"] for o in out]
+        run["batches_per_worker"] = [o["batches"] for o in out]
+        for a in actors:
+            ray.kill(a)
+        del ds
+        runs.append(run)
+    result = _summary(runs, rows)
+    warm = runs[1:] or runs
+    if reiterate:
+        result["reiterate_median_s"] = statistics.median(r["reiterate_s"] for r in warm)
+    result["materialize_median_s"] = statistics.median(r["materialize_s"] for r in warm)
+    result["iterate_median_s"] = statistics.median(r["iterate_s"] for r in warm)
+    result["actor_start_median_s"] = statistics.median(r["actor_start_s"] for r in runs)
+    paired = [r["paired_c_s"] for r in runs if "paired_c_s" in r]
+    result["paired_c_warm_median_s"] = statistics.median(paired) if paired else None
+    result["paired_c_rows"] = sum(n for _, n in footer_rows(all_files))
     return result
 
 
@@ -311,6 +337,8 @@ def spark_in_child(key: str, args: argparse.Namespace) -> dict[str, Any]:
     out = STATE / f"spark-{key}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--rows", str(args.rows), "--repeat", str(args.repeat)]
+    for name, count in args.subset.items():
+        cmd += ["--subset", f"{name}={count}"]
     cmd += ["--spark-child", key, "--ray-address", ray.get_runtime_context().gcs_address]
     subprocess.run(cmd, check=True, env=os.environ | {"BENCH_CHILD_OUT": str(out)})
     return json.loads(out.read_text())
@@ -321,34 +349,48 @@ def spark_child(key: str, args: argparse.Namespace) -> None:
 
     import ray
 
-    files = write_dataset(args.rows, f"rows-{args.rows}")
+    files, rows = _files_for(key, write_dataset(args.rows, f"rows-{args.rows}"), args)
     ray.init(address=args.ray_address, logging_level=logging.WARNING, log_to_driver=False)
     try:
-        result = bench_a(files, args.rows, args.repeat, arrow=key == "a_on")
+        result = bench_a(files, rows, args.repeat, arrow=key == "a_on")
     finally:
         ray.shutdown()
     Path(os.environ["BENCH_CHILD_OUT"]).write_text(json.dumps(result))
 
 
+def _files_for(key: str, files: list[str], args: argparse.Namespace) -> tuple[list[str], int]:
+    """The files path ``key`` reads (the first ``--subset`` of them, or all) and their rows."""
+    chosen = files[: args.subset[key]] if key in args.subset else files
+    rows = args.rows if len(chosen) == len(files) else sum(n for _, n in footer_rows(chosen))
+    return chosen, rows
+
+
 def verdict(paths: dict[str, Any], which: str, key: str) -> dict[str, Any]:
-    """Issue 4's targets for ``which`` (b or b2) on ``key`` (cold_s or warm_median_s)."""
-    mine = paths.get(which, {}).get(key)
+    """Issue 4's targets for ``which`` on ``key`` (``cold`` or ``warm``), compared in rows/s.
+
+    Rows/s rather than seconds, so that a path measured on a ``--subset`` of the files compares.
+    """
+
+    def speed(name: str) -> float | None:
+        return paths.get(name, {}).get(f"{key}_rows_per_s")
+
+    mine = speed(which)
     out: dict[str, Any] = {}
     if not mine:
         return out
-    if paths.get("a_off", {}).get(key):
-        out["speedup_vs_a_off"] = round(paths["a_off"][key] / mine, 2)
+    if speed("a_off"):
+        out["speedup_vs_a_off"] = round(mine / speed("a_off"), 2)
         out["ge_5x_a_off"] = out["speedup_vs_a_off"] >= 5
-    if paths.get("a_on", {}).get(key):
-        out["speedup_vs_a_on"] = round(paths["a_on"][key] / mine, 2)
+    if speed("a_on"):
+        out["speedup_vs_a_on"] = round(mine / speed("a_on"), 2)
         out["faster_than_a_on"] = out["speedup_vs_a_on"] > 1
-    if paths.get("c", {}).get(key):
-        out["slowdown_vs_c"] = round(mine / paths["c"][key], 2)
+    if speed("c"):
+        out["slowdown_vs_c"] = round(speed("c") / mine, 2)
         out["within_2x_c"] = out["slowdown_vs_c"] <= 2
     out["meets_all"] = all(v for k, v in out.items() if k.startswith(("ge_", "faster_", "within_")))
-    paired = paths.get(which, {}).get("paired_c_warm_median_s")
-    if key == "warm_median_s" and paired:  # (c) read just before each warm read: the same machine load
-        out["slowdown_vs_c_same_load"] = round(mine / paired, 2)
+    p = paths[which]
+    if key == "warm" and p.get("paired_c_warm_median_s"):  # (c) read just before each warm read: same load
+        out["slowdown_vs_c_same_load"] = round((p["paired_c_rows"] / p["paired_c_warm_median_s"]) / mine, 2)
         out["meets_all_same_load"] = (
             out.get("ge_5x_a_off", False)
             and out.get("faster_than_a_on", False)
@@ -362,7 +404,8 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"data_path: {rows:,} rows x {len(FEATURE_COLUMNS)} float32 features + label, "
         f"{result['files']} Parquet files, batch size {result['batch_size']}, {result['workers']} workers; "
-        f"ray.init {result.get('ray_init_s', '-')} s; load average at start {result['machine']['loadavg_at_start']}",
+        f"ray.init {result.get('ray_init_s', '-')} s; load average at start "
+        f"{result.get('machine', {}).get('loadavg_at_start', '-')}, at end {result.get('loadavg_at_end', '-')}",
         "",
     ]
     body = []
@@ -374,39 +417,45 @@ def report(result: dict[str, Any]) -> str:
         body.append(
             [
                 LABELS[key],
+                f"{p['rows']:,}" + (" (subset)" if p["rows"] != rows else ""),
                 f"{p['cold_s']:.2f}",
-                rate(rows, p["cold_s"]),
+                per_second(p["cold_rows_per_s"]),
                 f"{warm:.2f}" if warm else "-",
-                rate(rows, warm),
+                per_second(p["warm_rows_per_s"]),
                 f"{p['cold_load1']} / {', '.join(str(v) for v in p['warm_load1'])}",
             ]
         )
-    lines.append(
-        table(["path", "cold s", "cold rows/s", "warm s (median)", "warm rows/s", "load1 cold / warm"], body)
-    )
+    headers = ["path", "rows read", "cold s", "cold rows/s", "warm s (median)", "warm rows/s"]
+    lines.append(table(headers + ["load1 cold / warm"], body))
     extra = []
-    for key in ("b", "b3"):
-        if key not in paths:
-            continue
-        b = paths[key]
+    if "b" in paths:
+        b = paths["b"]
+        reads = "; ".join(", ".join(f"{t:.2f}" for t in r["worker_read_s"]) for r in b["runs"])
+        footers = ", ".join(f"{r['footers_s']:.3f}" for r in b["runs"])
         extra.append(
-            f"({key}) parts (warm median): materialize {b['materialize_median_s']:.2f} s, iterate "
-            f"{b['iterate_median_s']:.2f} s; a second pass over the materialized data (epoch >= 2) "
-            f"{b['reiterate_median_s']:.2f} s = {rate(rows, b['reiterate_median_s'])} rows/s; "
-            f"actor start {b['actor_start_median_s']:.2f} s (not counted)"
+            f"(b) actor start {b['actor_start_s']:.2f} s (not counted); footers (in the time) {footers} s; "
+            f"each worker's plan+read+_tensors per round (s): {reads}; rows per worker "
+            f"{b['runs'][0]['rows_per_worker']}; cold = first read of fresh actors, warm = same actors again"
         )
-    if "b2" in paths:
-        b2 = paths["b2"]
-        reads = "; ".join(", ".join(f"{t:.2f}" for t in r["worker_read_s"]) for r in b2["runs"])
+    if "b_raydata" in paths:
+        r = paths["b_raydata"]
+        again = (
+            f"; a second pass over the materialized data (epoch >= 2) {r['reiterate_median_s']:.2f} s = "
+            f"{per_second(r['rows'] / r['reiterate_median_s'])} rows/s"
+            if "reiterate_median_s" in r
+            else ""
+        )
         extra.append(
-            f"(b2) actor start {b2['actor_start_s']:.2f} s (not counted); each worker's own read+convert "
-            f"time per round (s): {reads}; cold = first read of fresh actors, warm = same actors again"
+            f"(b_raydata) parts (warm median): materialize {r['materialize_median_s']:.2f} s, iterate "
+            f"{r['iterate_median_s']:.2f} s{again}; actor start {r['actor_start_median_s']:.2f} s (not counted)"
         )
-    for key in ("b", "b3", "b2"):
-        if paths.get(key, {}).get("paired_c_warm_median_s"):
+    for key in TARGETED:
+        p = paths.get(key, {})
+        if p.get("paired_c_warm_median_s"):
             extra.append(
-                f"({key}) (c) read just before each warm {key} read (same load): median "
-                f"{paths[key]['paired_c_warm_median_s']:.2f} s"
+                f"({key}) (c) read of all {p['paired_c_rows']:,} rows just before each warm {key} read "
+                f"(same load): median {p['paired_c_warm_median_s']:.2f} s = "
+                f"{per_second(p['paired_c_rows'] / p['paired_c_warm_median_s'])} rows/s"
             )
     for key in ("a_off", "a_on"):
         if key in paths:
@@ -414,10 +463,19 @@ def report(result: dict[str, Any]) -> str:
                 f"{key}: raydp.init_spark {paths[key]['init_spark_s']:.1f} s, "
                 f"stop_spark {paths[key]['stop_spark_s']:.1f} s (not counted)"
             )
+    subsets = [k for k in PATHS if k in paths and paths[k]["rows"] != rows]
+    if subsets:
+        extra.append(
+            f"{', '.join(subsets)} read a subset (--subset): the first files only; targets compare rows/s"
+        )
     lines += [""] + [f"- {e}" for e in extra]
-    lines += ["", "Issue 4 targets (b at least 5x faster than a_off, faster than a_on, within 2x of c):"]
+    lines += [
+        "",
+        "Issue 4 targets, in rows/s (b at least 5x a_off, faster than a_on, within 2x of c; "
+        "b_raydata, the feed before this change, for reference):",
+    ]
     body = []
-    for which in ("b", "b3", "b2"):
+    for which in TARGETED:
         for name in ("cold", "warm"):
             v = result["targets"].get(which, {}).get(name)
             if v:
@@ -432,9 +490,16 @@ def report(result: dict[str, Any]) -> str:
                         {True: "yes", False: "no"}.get(v.get("meets_all_same_load"), "-"),
                     ]
                 )
-    headers = ["design", "vs a_off (>=5)", "vs a_on (>1)", "vs c (<=2)", "vs c, same load (<=2)"]
+    headers = ["design", "vs a_off (>=5)", "vs a_on (>1)", "c vs it (<=2)", "c vs it, same load (<=2)"]
     lines.append(table(headers + ["meets all", "meets all (same-load c)"], body))
     return "\n".join(lines)
+
+
+def _subset(value: str) -> tuple[str, int]:
+    name, _, count = value.partition("=")
+    if name not in PATHS or not count.isdigit() or not 1 <= int(count) <= FILES_PER_DATASET:
+        raise argparse.ArgumentTypeError(f"{value!r}: want PATH=FILES, PATH in {PATHS}, 1 <= FILES <= 8")
+    return name, int(count)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -444,11 +509,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=2, help="warm reads per path (after the cold one)")
     parser.add_argument("--batch-size", type=int, default=256, help="the tabular DAG's default")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="train workers (actors) of b and b_raydata")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"subset of {','.join(PATHS)}")
+    parser.add_argument(
+        "--subset",
+        type=_subset,
+        action="append",
+        default=[],
+        metavar="PATH=FILES",
+        help=f"read only the first FILES of the {FILES_PER_DATASET} files on PATH (repeatable), e.g. a_off=2",
+    )
+    parser.add_argument(
+        "--reiterate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="b_raydata: also time a second pass over the materialized data (epoch >= 2)",
+    )
     parser.add_argument("--spark-child", choices=["a_on", "a_off"], help=argparse.SUPPRESS)
     parser.add_argument("--ray-address", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.subset = dict(args.subset)
     if args.spark_child:
         setup_env()
         spark_child(args.spark_child, args)
@@ -468,11 +548,12 @@ def main(argv: list[str] | None = None) -> None:
         "batch_size": args.batch_size,
         "workers": args.workers,
         "repeat": args.repeat,
+        "subset": args.subset,
         "paths": {},
     }
     paths = result["paths"]
     if "c" in chosen:
-        paths["c"] = bench_c(files, args.rows, args.repeat)
+        paths["c"] = bench_c(*_files_for("c", files, args), args.repeat)
         print(f"c done: cold {paths['c']['cold_s']} s", flush=True)
     import ray
 
@@ -480,14 +561,18 @@ def main(argv: list[str] | None = None) -> None:
     result["machine"] = machine()
     try:
         if "b" in chosen:
-            paths["b"] = bench_b(files, args.rows, args.repeat, args.batch_size, args.workers)
+            paths["b"] = bench_b(*_files_for("b", files, args), args.repeat, args.batch_size, args.workers)
             print(f"b done: cold {paths['b']['cold_s']} s", flush=True)
-        if "b3" in chosen:
-            paths["b3"] = bench_b(files, args.rows, args.repeat, args.batch_size, args.workers, FETCH_SIZE)
-            print(f"b3 done: cold {paths['b3']['cold_s']} s", flush=True)
-        if "b2" in chosen:
-            paths["b2"] = bench_b2(files, args.rows, args.repeat, args.batch_size, args.workers)
-            print(f"b2 done: cold {paths['b2']['cold_s']} s", flush=True)
+        if "b_raydata" in chosen:
+            paths["b_raydata"] = bench_b_raydata(
+                *_files_for("b_raydata", files, args),
+                args.repeat,
+                args.batch_size,
+                args.workers,
+                reiterate=args.reiterate,
+                all_files=files,
+            )
+            print(f"b_raydata done: cold {paths['b_raydata']['cold_s']} s", flush=True)
         for key in ("a_on", "a_off"):
             if key in chosen:
                 paths[key] = spark_in_child(key, args)
@@ -495,8 +580,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         ray.shutdown()
     result["targets"] = {
-        which: {"cold": verdict(paths, which, "cold_s"), "warm": verdict(paths, which, "warm_median_s")}
-        for which in ("b", "b3", "b2")
+        which: {"cold": verdict(paths, which, "cold"), "warm": verdict(paths, which, "warm")}
+        for which in TARGETED
     }
     result["loadavg_at_end"] = [round(v, 2) for v in os.getloadavg()]
     result["total_s"] = round(time.perf_counter() - started, 1)
