@@ -13,6 +13,16 @@ echo "==> Installing the pinned stack into $VENV (first time: about 5 minutes)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check -U pip
 "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0
+# The HDFS provider's Kerberos extra (gssapi, krb5) has no Linux wheels: it compiles against libkrb5-dev.
+if ! command -v krb5-config >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> Installing Debian's libkrb5-dev (to build gssapi/krb5 for the HDFS provider)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libkrb5-dev gcc) >/dev/null
+  else
+    echo "krb5-config not found: install libkrb5-dev (Debian) or krb5-devel (RHEL) and a C compiler, then rerun." >&2
+    exit 1
+  fi
+fi
 "$VENV/bin/pip" install -q --disable-pip-version-check -c constraints.txt -r requirements-dev.txt
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
 if ! command -v chromium >/dev/null 2>&1; then

@@ -44,6 +44,7 @@ pytest_plugins = [
     "tests.fixtures.mlflow",
     "tests.fixtures.ray",
     "tests.fixtures.pipeline",
+    "tests.fixtures.hdfs",
 ]
 
 

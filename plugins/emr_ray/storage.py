@@ -1,7 +1,12 @@
 """Dataset URIs and partitions: one place that turns a URI into what pyarrow, Spark and Ray Data need.
 
 Used on both sides of the line: the Airflow side builds URIs and specs, the cluster side opens them.
-Imports nothing heavy at module level (pyarrow is imported inside functions).
+Imports nothing heavy at module level (pyarrow and fsspec are imported inside functions).
+
+``hdfs://namenode:port/path`` is opened through the NameNode's WebHDFS REST endpoint (fsspec's
+``WebHDFS`` under pyarrow), because pyarrow's native ``HadoopFileSystem`` needs libhdfs and a JVM with
+Hadoop's jars on the classpath, which Ray workers do not have. Spark keeps its own Hadoop client
+(:func:`spark_hadoop_configs`).
 
 Layout: ``<root>/<dataset>/dt=YYYY-MM-DD/part-*.parquet``, committed by ``_manifest.json`` then
 ``_SUCCESS`` (written last). Readers trust only committed partitions.
@@ -21,6 +26,10 @@ SUPPORTED_SCHEMES = ("file", "cos", "hdfs")
 SUCCESS_MARKER = "_SUCCESS"
 MANIFEST = "_manifest.json"
 _PARTITION_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+#: the NameNode's HTTP port in Hadoop 3 (``dfs.namenode.http-address``)
+DEFAULT_WEBHDFS_PORT = 9870
+#: schemes whose filesystems rename a directory in one step (commit moves the staging prefix)
+RENAMES_DIRECTORIES = ("file", "hdfs")
 
 
 class StorageError(ValueError):
@@ -29,7 +38,14 @@ class StorageError(ValueError):
 
 @dataclass(frozen=True)
 class StorageOptions:
-    """Connection-derived settings for object storage; secrets stay out of ``repr`` and specs."""
+    """Connection-derived settings for object storage and HDFS; secrets stay out of ``repr`` and specs.
+
+    HDFS settings (none secret): ``webhdfs_address`` is the NameNode's WebHDFS base address
+    (``http://namenode:9870``; default: the ``hdfs://`` URI's host on port 9870), ``hdfs_user`` the
+    user to act as (simple authentication), and ``hdfs_over_webhdfs`` makes Spark reach ``hdfs://``
+    through ``webhdfs_address`` too, for an endpoint that speaks only WebHDFS (the local stand-in);
+    leave it off on a real cluster, where Spark's native HDFS client is faster.
+    """
 
     endpoint_override: str | None = None
     scheme: str = "https"
@@ -38,6 +54,18 @@ class StorageOptions:
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
+    webhdfs_address: str | None = None
+    hdfs_user: str | None = None
+    hdfs_over_webhdfs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.webhdfs_address:
+            parsed = urlparse(self.webhdfs_address)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise StorageError(
+                    f"webhdfs_address {self.webhdfs_address!r} is not an HTTP address; "
+                    "give the NameNode's WebHDFS endpoint, e.g. http://namenode:9870."
+                )
 
     def public(self) -> dict[str, Any]:
         """The non-secret part, safe for specs, logs and XCom."""
@@ -46,6 +74,15 @@ class StorageOptions:
             "scheme": self.scheme,
             "region": self.region,
             "force_virtual_addressing": self.force_virtual_addressing,
+            **self.hdfs_public(),
+        }
+
+    def hdfs_public(self) -> dict[str, Any]:
+        """The HDFS settings alone (a spec's ``storage.hdfs`` section)."""
+        return {
+            "webhdfs_address": self.webhdfs_address,
+            "hdfs_user": self.hdfs_user,
+            "hdfs_over_webhdfs": self.hdfs_over_webhdfs,
         }
 
 
@@ -96,8 +133,18 @@ def partition_uri(root: str, dataset: str, partition: str) -> str:
     return join(root, dataset, f"dt={validate_partition(partition)}")
 
 
+def webhdfs_address(uri: str, options: StorageOptions | None = None) -> str:
+    """The WebHDFS base address for an ``hdfs://`` URI: ``options.webhdfs_address`` or ``http://<host>:9870``."""
+    if options and options.webhdfs_address:
+        return options.webhdfs_address.rstrip("/")
+    host = urlparse(uri).hostname
+    if not host:
+        raise StorageError(f"URI {uri!r} names no NameNode host: use hdfs://namenode:8020/path.")
+    return f"http://{host}:{DEFAULT_WEBHDFS_PORT}"
+
+
 def filesystem(uri: str, options: StorageOptions | None = None):
-    """A pyarrow filesystem for ``uri`` (cos via COS's S3-compatible endpoint)."""
+    """A pyarrow filesystem for ``uri`` (cos via COS's S3-compatible endpoint, hdfs via WebHDFS)."""
     from pyarrow import fs
 
     scheme, _ = split_uri(uri)
@@ -115,10 +162,60 @@ def filesystem(uri: str, options: StorageOptions | None = None):
             force_virtual_addressing=opts.force_virtual_addressing,
             allow_bucket_creation=False,
         )
-    raise StorageError(
-        f"URI {uri!r}: hdfs:// is read and written by Spark's Hadoop client only; "
-        "pyarrow has no libhdfs here. Stage through cos:// or file:// for training."
+    return _webhdfs(uri, options)
+
+
+def _webhdfs(uri: str, options: StorageOptions | None):
+    """fsspec's WebHDFS client for the URI's NameNode, wrapped as a pyarrow filesystem."""
+    from fsspec.implementations.webhdfs import WebHDFS
+    from pyarrow import fs
+
+    address = urlparse(webhdfs_address(uri, options))
+    https = address.scheme == "https"
+    client = WebHDFS(
+        host=address.hostname,
+        port=address.port or (9871 if https else DEFAULT_WEBHDFS_PORT),
+        user=options.hdfs_user if options else None,
+        use_https=https,
     )
+    return fs.PyFileSystem(fs.FSSpecHandler(client))
+
+
+def spark_hadoop_configs(uris: list[str], options: StorageOptions | None = None) -> dict[str, str]:
+    """Spark settings that let Hadoop's own client reach ``uris``; empty unless ``hdfs_over_webhdfs``.
+
+    With ``hdfs_over_webhdfs``, Hadoop's ``ViewFileSystemOverloadScheme`` takes over the ``hdfs``
+    scheme and sends every path of each NameNode named in ``uris`` (its mount table is named after
+    the URI's host) to ``webhdfs://`` at ``webhdfs_address``: Spark keeps using ``hdfs://`` URIs
+    while talking WebHDFS. On a real cluster ``hdfs://`` is native and nothing is set.
+    """
+    if not options or not options.hdfs_over_webhdfs:
+        return {}
+    hosts = sorted({urlparse(u).hostname or "" for u in uris if split_uri(u)[0] == "hdfs"})
+    if not hosts:
+        return {}
+    configs = {
+        "spark.hadoop.fs.hdfs.impl": "org.apache.hadoop.fs.viewfs.ViewFileSystemOverloadScheme",
+        "spark.hadoop.fs.viewfs.overload.scheme.target.hdfs.impl": "org.apache.hadoop.hdfs.DistributedFileSystem",
+    }
+    for host in hosts:
+        address = urlparse(webhdfs_address(f"hdfs://{host}/", options))
+        scheme = "swebhdfs" if address.scheme == "https" else "webhdfs"
+        port = address.port or (9871 if scheme == "swebhdfs" else DEFAULT_WEBHDFS_PORT)
+        configs[f"spark.hadoop.fs.viewfs.mounttable.{host}.linkFallback"] = (
+            f"{scheme}://{address.hostname}:{port}/"
+        )
+    return configs
+
+
+def qualify(uri: str, path: str) -> str:
+    """A filesystem path (from :func:`resolve` or a listing) as a full URI on ``uri``'s scheme and host."""
+    scheme = split_uri(uri)[0]
+    if scheme == "file":
+        return f"file://{path}"
+    if scheme == "cos":
+        return f"cos://{path}"
+    return f"hdfs://{urlparse(uri).netloc}{path}"
 
 
 def resolve(uri: str, options: StorageOptions | None = None):
@@ -173,11 +270,12 @@ def commit(
 ) -> None:
     """Replace ``final_uri`` by the fully written ``tmp_uri``: manifest, then ``_SUCCESS``, then move.
 
-    On a local filesystem the move is a rename; on object storage each object is copied, and the
-    ``_SUCCESS`` marker is copied last so readers never trust a partial partition.
+    On a local filesystem and on HDFS the move is one directory rename; on object storage each object
+    is copied, and the ``_SUCCESS`` marker is copied last so readers never trust a partial partition.
     """
     from pyarrow import fs as pafs
 
+    scheme = split_uri(final_uri)[0]
     fsys, tmp = resolve(tmp_uri, options)
     _, final = resolve(final_uri, options)
     with fsys.open_output_stream(f"{tmp}/{MANIFEST}") as f:
@@ -186,8 +284,8 @@ def commit(
         f.write(b"")
     if fsys.get_file_info(final).type != pafs.FileType.NotFound:
         fsys.delete_dir(final)
-    if isinstance(fsys, pafs.LocalFileSystem):
-        fsys.create_dir(final.rpartition("/")[0], recursive=True)
+    if scheme in RENAMES_DIRECTORIES:
+        fsys.create_dir(final.rpartition("/")[0] or "/", recursive=True)
         fsys.move(tmp, final)
         return
     infos = fsys.get_file_info(pafs.FileSelector(tmp, recursive=True))

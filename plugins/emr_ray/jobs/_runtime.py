@@ -22,10 +22,13 @@ class JobInputError(Exception):
 
 
 def storage_options(spec: dict[str, Any]) -> storage.StorageOptions:
-    """COS settings: the public part from the spec, the secrets from the job's environment."""
-    public: dict[str, Any] = spec.get("storage", {}).get("cos") or {}
-    secrets: dict[str, Any] = {key: os.environ.get(env) for key, env in COS_SECRET_ENV.items()}
-    return storage.StorageOptions(**public, **secrets)
+    """Storage settings: the public parts from the spec (``storage.cos``, ``storage.hdfs``, neither
+    secret), the COS secrets from the job's environment (they never travel in a spec)."""
+    sections: dict[str, Any] = spec.get("storage") or {}
+    settings: dict[str, Any] = {**(sections.get("cos") or {})}
+    settings.update({k: v for k, v in (sections.get("hdfs") or {}).items() if v is not None})
+    settings.update({key: os.environ.get(env) for key, env in COS_SECRET_ENV.items()})
+    return storage.StorageOptions(**settings)
 
 
 def main(run: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None = None) -> None:

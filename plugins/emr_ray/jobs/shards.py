@@ -65,12 +65,13 @@ def read(pieces: list[Piece], fsys: Any, columns: list[str]):
     for piece in pieces:
         with fsys.open_input_file(piece.path) as f:
             parquet = pq.ParquetFile(f)
-            groups, first_row, row = [], None, 0
+            groups: list[int] = []
+            first_row = row = 0
             for i in range(parquet.metadata.num_row_groups):
                 n = parquet.metadata.row_group(i).num_rows
                 if row < piece.stop and row + n > piece.start:
+                    first_row = first_row if groups else row
                     groups.append(i)
-                    first_row = row if first_row is None else first_row
                 row += n
             if not groups:
                 continue

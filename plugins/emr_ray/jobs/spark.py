@@ -8,6 +8,7 @@ the step's config and returns a DataFrame or a dict of named DataFrames (e.g. tr
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -65,26 +66,29 @@ def input_files(uri: str, options: storage.StorageOptions) -> list[str]:
 
 
 def read_partition(spark, uri: str, files: list[str], options: storage.StorageOptions):
-    """A committed input partition as a Spark DataFrame (COS through Ray Data: Spark here has no S3A)."""
+    """A committed input partition as a Spark DataFrame: exactly the validated ``files``.
+
+    COS goes through Ray Data (Spark here has no S3A); ``file://`` and ``hdfs://`` through Spark's own
+    Hadoop client (see :func:`emr_ray.storage.spark_hadoop_configs` for hdfs on a WebHDFS endpoint).
+    """
     scheme, _ = storage.split_uri(uri)
     if scheme == "cos":
         import ray.data
 
         fsys = storage.filesystem(uri, options)
         return ray.data.read_parquet(files, filesystem=fsys, partitioning=None).to_spark(spark)
-    if scheme == "file":
-        return spark.read.parquet(*[f"file://{f}" for f in files])
-    return spark.read.parquet(uri)
+    return spark.read.parquet(*[storage.qualify(uri, f) for f in files])
 
 
 def write_output(df, uri: str, options: storage.StorageOptions) -> None:
+    """Write ``df`` as Parquet under ``uri`` (a staging prefix; the caller commits it)."""
     scheme, path = storage.split_uri(uri)
     if scheme == "cos":
         import ray.data
 
         ray.data.from_spark(df).write_parquet(path, filesystem=storage.filesystem(uri, options))
     else:
-        df.write.mode("overwrite").parquet(f"file://{path}" if scheme == "file" else uri)
+        df.write.mode("overwrite").parquet(storage.qualify(uri, path))
 
 
 def validate_columns(df, required: list[str], uri: str) -> None:
@@ -115,6 +119,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         log.info("Validated %s (dry run: committed, schema, %d rows); nothing written", input_uri, rows_in)
         return {"partition": partition, "input_uri": input_uri, "rows_in": rows_in, "validated": True}
     ray.init(address="auto", logging_level=logging.WARNING)
+    hadoop = storage.spark_hadoop_configs([input_uri, output_uri], options)
+    if hadoop:
+        log.info("hdfs:// goes to WebHDFS at %s (ViewFileSystemOverloadScheme)",
+                 storage.webhdfs_address(input_uri if input_uri.startswith("hdfs:") else output_uri, options))  # fmt: skip
+    if options.hdfs_user:
+        os.environ.setdefault("HADOOP_USER_NAME", options.hdfs_user)  # read by the JVM raydp starts next
+        hadoop["spark.executorEnv.HADOOP_USER_NAME"] = options.hdfs_user
     started = time.monotonic()
     spark = raydp.init_spark(
         app_name=spark_spec["app_name"],
@@ -122,7 +133,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         executor_cores=int(spark_spec["executor_cores"]),
         executor_memory=spark_spec["executor_memory"],
         placement_group_strategy=spark_spec.get("placement_group_strategy"),
-        configs=spark_configs(spark_spec.get("configs")),
+        configs=spark_configs({**hadoop, **(spark_spec.get("configs") or {})}),
     )
     log.info("Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each", time.monotonic() - started,
              spark_spec["num_executors"], spark_spec["executor_cores"], spark_spec["executor_memory"])  # fmt: skip

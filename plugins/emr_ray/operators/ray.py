@@ -177,7 +177,7 @@ class RayJobOperator(BaseOperator):
         runtime_env = self.job_runtime_env(context)
         if "cos://" in json.dumps(spec):
             public, secret_env = self._cos_settings()
-            spec["storage"] = {"cos": public}
+            spec.setdefault("storage", {})["cos"] = public
             runtime_env.setdefault("env_vars", {}).update(secret_env)
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
