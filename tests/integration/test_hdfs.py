@@ -180,3 +180,34 @@ def test_raydp_spark_step_reads_and_commits_hdfs(
         assert storage.count_parquet_rows(files, output, hdfs_options) == rows
         writer = pq.ParquetFile(fsys.open_input_file(files[0])).metadata.created_by
         assert "parquet-mr" in writer, writer  # written by Spark's Java writer, not by pyarrow
+
+
+def test_training_workers_read_their_shards_from_hdfs(
+    ray_conn, mlflow_conn, webhdfs_server, webhdfs_conn, hdfs_options, hdfs_root, tmp_path
+):
+    """TorchTrainOperator on ``hdfs://`` train and test datasets: each Ray Train worker reads its own
+    rows over WebHDFS (the server is a protocol stand-in: no NameNode can run here)."""
+    from emr_ray.operators.torch import TorchTrainOperator
+    from tests.integration.test_ray_jobs import FakeTaskInstance
+
+    staged = storage.partition_uri(hdfs_root, "staged", "2026-11-11")  # as the Spark step commits it
+    tmp = storage.staging_uri(staged)
+    fsys, path = storage.resolve(tmp, hdfs_options)
+    for name, rows in (("train", 400), ("test", 100)):
+        fsys.create_dir(f"{path}/{name}")
+        pq.write_table(make_partition(name, rows), f"{path}/{name}/part-00000.parquet", filesystem=fsys)
+    storage.commit(tmp, staged, {"outputs": {"train": {"rows": 400}, "test": {"rows": 100}}}, hdfs_options)
+    operator = TorchTrainOperator(
+        task_id="train_on_hdfs",
+        train_loop="include.models.tabular:train_loop",
+        datasets={"train": f"{staged}/train", "test": f"{staged}/test"},
+        storage_path=f"file://{tmp_path}",
+        config={"feature_columns": FEATURE_COLUMNS, "label_column": "label", "epochs": 2, "batch_size": 64},
+        num_workers=1,
+        hdfs_conn_id=webhdfs_conn,
+        experiment_name="hdfs-tests",
+        poll_interval=1,
+    )
+    result = operator.execute({"ti": FakeTaskInstance("train_on_hdfs"), "ds": "2026-11-11"})
+    assert result["rows"] == {"train": 400, "test": 100}
+    assert result["epochs_completed"] == 2 and result["final_metrics"]["train_rows"] == 400

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -27,12 +28,18 @@ COMPONENTS = {
 
 @dataclass
 class LocalAirflow:
-    """The four Airflow processes, started and stopped by PID (never orphaned)."""
+    """The four Airflow processes, started and stopped by PID (never orphaned).
+
+    A component that exits while the stack is up is started again, as systemd or Kubernetes would
+    (on SQLite the scheduler can die on a row another process rolled back); ``restarts`` counts them.
+    """
 
     stack: LocalStack
     home: Path
     port: int = 8080
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    _stopping: threading.Event = field(default_factory=threading.Event)
 
     @property
     def url(self) -> str:
@@ -62,19 +69,18 @@ class LocalAirflow:
         self._airflow("db", "migrate")
         # Every Ray-heavy task takes the one slot: runs queue instead of oversubscribing the cluster.
         self._airflow("pools", "set", "ray_cluster", "1", "Tasks that run Ray jobs on the local cluster")
-        cli = str(Path(sys.executable).with_name("airflow"))
         logs = self.home / "logs"
         logs.mkdir(exist_ok=True)
-        for name, args in COMPONENTS.items():
-            out = open(logs / f"{name}.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
-            argv = [cli, *(a.format(port=self.port) for a in args)]
-            self.processes[name] = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                                    start_new_session=True)  # fmt: skip
+        for name in COMPONENTS:
+            self._launch(name)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as response:
                     if response.status == 200:
+                        threading.Thread(
+                            target=self._supervise, name="airflow-supervisor", daemon=True
+                        ).start()
                         return self
             except Exception:
                 pass
@@ -86,6 +92,22 @@ class LocalAirflow:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Airflow API at {self.url} did not answer within {timeout:.0f}s")
             time.sleep(2)
+
+    def _launch(self, name: str) -> None:
+        cli = str(Path(sys.executable).with_name("airflow"))
+        out = open(self.home / "logs" / f"{name}.log", "a")  # noqa: SIM115 - kept open for the child's lifetime
+        argv = [cli, *(a.format(port=self.port) for a in COMPONENTS[name])]
+        self.processes[name] = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                                start_new_session=True)  # fmt: skip
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(5):
+            for name, process in list(self.processes.items()):
+                if process.poll() is not None and not self._stopping.is_set():
+                    self.restarts[name] = self.restarts.get(name, 0) + 1
+                    print(f"Airflow {name} exited with {process.returncode}; starting it again "
+                          f"(see {self.home / 'logs' / name}.log)", file=sys.stderr, flush=True)  # fmt: skip
+                    self._launch(name)
 
     def password(self) -> str:
         generated = self.home / "simple_auth_manager_passwords.json.generated"
@@ -100,6 +122,7 @@ class LocalAirflow:
 
     def stop(self) -> None:
         """SIGTERM each component's process group, then SIGKILL what is left."""
+        self._stopping.set()
         for process in self.processes.values():
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)

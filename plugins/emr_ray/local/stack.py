@@ -127,6 +127,9 @@ class LocalStack:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.project_root / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "4",
+            # several processes share the SQLite file: wait for its lock instead of failing requests
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "emr_ray.local.airflow_db.CONNECT_ARGS",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "emr_ray.local.airflow_db.CONNECT_ARGS",
             "AIRFLOW_VAR_EMR_RAY_RAW_URI": self.raw_uri,
             "AIRFLOW_VAR_EMR_RAY_DIGITS_RAW_URI": self.digits_raw_uri,
             "AIRFLOW_VAR_EMR_RAY_STAGING_URI": self.staging_uri,

@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, conf
 
+from emr_ray import storage
 from emr_ray.exceptions import RayClusterError, RayJobFailedError
 from emr_ray.hooks.ray import TERMINAL_STATES, RayHook, interpret_job
 from emr_ray.identity import TaskIdentity
@@ -127,6 +128,11 @@ class RayJobOperator(BaseOperator):
         ``[operators] default_deferrable``); the job is stopped if ``execution_timeout`` runs out.
     :param cos_conn_id: the ``cos`` connection used when the spec names ``cos://`` URIs; its endpoint
         goes into the spec, its credentials only into the job's environment.
+    :param hdfs_conn_id: a ``webhdfs`` connection (the Apache HDFS provider's type) used when the spec
+        names ``hdfs://`` URIs: host and port of the NameNode's WebHDFS endpoint, login = the HDFS
+        user, extra ``use_ssl``; extra ``spark_over_webhdfs: true`` also sends Spark's ``hdfs://``
+        traffic to that endpoint (only for a WebHDFS-only endpoint such as the local stand-in, never
+        on a real cluster). Without it, ``hdfs://`` URIs use the NameNode's host on port 9870.
     """
 
     template_fields: Sequence[str] = ("spec", "runtime_env")
@@ -144,11 +150,13 @@ class RayJobOperator(BaseOperator):
         entrypoint_num_cpus: float | None = None,
         poll_interval: float = 5.0,
         cos_conn_id: str = "cos_default",
+        hdfs_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cos_conn_id = cos_conn_id
+        self.hdfs_conn_id = hdfs_conn_id
         self.deferrable = deferrable
         if job_module:
             self.job_module = job_module
@@ -179,6 +187,8 @@ class RayJobOperator(BaseOperator):
             public, secret_env = self._cos_settings()
             spec.setdefault("storage", {})["cos"] = public
             runtime_env.setdefault("env_vars", {}).update(secret_env)
+        if "hdfs://" in json.dumps(spec):
+            spec.setdefault("storage", {})["hdfs"] = self._hdfs_settings()
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
         self.log.info("Ray job %s: %s", self._submission_id, self.hook.job_url(self._submission_id))
@@ -210,6 +220,30 @@ class RayJobOperator(BaseOperator):
         options = StorageOptions(**COSHook(self.cos_conn_id).pyarrow_s3_options())
         secrets = {env: getattr(options, key) for key, env in COS_SECRET_ENV.items() if getattr(options, key)}
         return options.public(), secrets
+
+    def _hdfs_settings(self) -> dict[str, Any]:
+        """The ``webhdfs`` connection as the spec's ``storage.hdfs`` section (no secrets in it)."""
+        if not self.hdfs_conn_id:
+            return storage.StorageOptions().hdfs_public()
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(self.hdfs_conn_id)
+        if conn.conn_type != "webhdfs":
+            raise ValueError(
+                f"Connection {self.hdfs_conn_id!r} has type {conn.conn_type!r}; hdfs_conn_id needs a "
+                "'webhdfs' connection (host and port of the NameNode's WebHDFS endpoint, login = user)."
+            )
+        if not conn.host:
+            raise ValueError(f"Connection {self.hdfs_conn_id!r} has no host; set the NameNode's host name.")
+        extra = conn.extra_dejson
+        https = str(extra.get("use_ssl", False)).lower() == "true"
+        host = conn.host.split(",")[0].strip()  # the provider's hook takes a list of NameNodes
+        port = conn.port or (9871 if https else storage.DEFAULT_WEBHDFS_PORT)
+        return storage.StorageOptions(
+            webhdfs_address=f"{'https' if https else 'http'}://{host}:{port}",
+            hdfs_user=conn.login or None,
+            hdfs_over_webhdfs=str(extra.get("spark_over_webhdfs", False)).lower() == "true",
+        ).hdfs_public()
 
     def _reattach_or_submit(
         self, identity: TaskIdentity, spec: dict[str, Any], runtime_env: dict[str, Any]

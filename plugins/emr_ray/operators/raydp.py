@@ -34,11 +34,6 @@ class RayDPSparkOperator(RayJobOperator):
     :param validate_only: a quick dry run: check that the input partition is committed, matches the
         declared schema and count its rows from the Parquet footers; no Spark, nothing written
         (templated: ``"{{ params.dry_run }}"``).
-    :param hdfs_conn_id: a ``webhdfs`` connection (the Apache HDFS provider's type) for ``hdfs://``
-        URIs: host and port of the NameNode's WebHDFS endpoint, login = the HDFS user, extra
-        ``use_ssl``; extra ``spark_over_webhdfs: true`` also sends Spark's ``hdfs://`` traffic to that
-        endpoint (only for a WebHDFS-only endpoint such as the local stand-in, never on a real cluster).
-        Without it, ``hdfs://`` URIs use the NameNode's host on port 9870. Nothing secret is read.
     """
 
     template_fields: Sequence[str] = (
@@ -68,7 +63,6 @@ class RayDPSparkOperator(RayJobOperator):
         spark_configs: dict[str, str] | None = None,
         placement_group_strategy: str | None = None,
         validate_only: bool | str = False,
-        hdfs_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -84,7 +78,6 @@ class RayDPSparkOperator(RayJobOperator):
         self.spark_configs = spark_configs or {}
         self.placement_group_strategy = placement_group_strategy
         self.validate_only = validate_only
-        self.hdfs_conn_id = hdfs_conn_id
 
     def build_spec(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
         partition = storage.validate_partition(str(self.partition))
@@ -92,10 +85,7 @@ class RayDPSparkOperator(RayJobOperator):
             storage.split_uri(uri)  # rejects bad schemes before any cluster work
         if int(self.num_executors) < 1 or int(self.executor_cores) < 1:
             raise ValueError("num_executors and executor_cores must be at least 1.")
-        spec: dict[str, Any] = {}
-        if any(storage.split_uri(uri)[0] == "hdfs" for uri in (self.input_uri, self.output_uri)):
-            spec["storage"] = {"hdfs": self._hdfs_settings()}
-        return spec | {
+        return {
             "partition": partition,
             "preprocess": self.preprocess,
             "input_uri": storage.join(self.input_uri, f"dt={partition}"),
@@ -111,27 +101,3 @@ class RayDPSparkOperator(RayJobOperator):
                 "placement_group_strategy": self.placement_group_strategy,
             },
         }
-
-    def _hdfs_settings(self) -> dict[str, Any]:
-        """The ``webhdfs`` connection as the spec's ``storage.hdfs`` section (no secrets in it)."""
-        if not self.hdfs_conn_id:
-            return storage.StorageOptions().hdfs_public()
-        from airflow.sdk import BaseHook
-
-        conn = BaseHook.get_connection(self.hdfs_conn_id)
-        if conn.conn_type != "webhdfs":
-            raise ValueError(
-                f"Connection {self.hdfs_conn_id!r} has type {conn.conn_type!r}; hdfs_conn_id needs a "
-                "'webhdfs' connection (host and port of the NameNode's WebHDFS endpoint, login = user)."
-            )
-        if not conn.host:
-            raise ValueError(f"Connection {self.hdfs_conn_id!r} has no host; set the NameNode's host name.")
-        extra = conn.extra_dejson
-        https = str(extra.get("use_ssl", False)).lower() == "true"
-        host = conn.host.split(",")[0].strip()  # the provider's hook takes a list of NameNodes
-        port = conn.port or (9871 if https else storage.DEFAULT_WEBHDFS_PORT)
-        return storage.StorageOptions(
-            webhdfs_address=f"{'https' if https else 'http'}://{host}:{port}",
-            hdfs_user=conn.login or None,
-            hdfs_over_webhdfs=str(extra.get("spark_over_webhdfs", False)).lower() == "true",
-        ).hdfs_public()
