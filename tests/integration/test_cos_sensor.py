@@ -250,16 +250,11 @@ with DAG(dag_id="cos_sensor_dag_test", schedule=None, start_date=dt.datetime(202
 
 def test_dag_test_with_templated_key(hook, cos_conn, tmp_path, monkeypatch, capsys):
     """A real DAG run from a DAG bundle: the key is templated, the objects reach the next task by XCom."""
-    import importlib.util
     import json
 
-    (tmp_path / "cos_sensor_dag.py").write_text(DAG_FILE)
-    bundle = {"name": "cos_tests", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"}
-    bundle["kwargs"] = {"path": str(tmp_path), "refresh_interval": 0}
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([bundle]))
-    spec = importlib.util.spec_from_file_location("cos_sensor_dag", tmp_path / "cos_sensor_dag.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from tests.fixtures.dag_files import load_dag_file
+
+    module = load_dag_file(tmp_path, "cos_sensor_dag", DAG_FILE, monkeypatch)
 
     hook.upload_bytes(b"", "dagtest/raw/dt=2024-03-05/_SUCCESS")
     run = module.dag.test(logical_date=dt.datetime(2024, 3, 5, tzinfo=dt.UTC))

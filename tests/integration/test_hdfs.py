@@ -9,7 +9,6 @@ No HDFS NameNode can run on this machine, so every test talks to the WebHDFS pro
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 
 import pyarrow.parquet as pq
@@ -17,6 +16,7 @@ import pytest
 
 from emr_ray import storage
 from include.data.synthetic import FEATURE_COLUMNS, make_partition
+from tests.fixtures.dag_files import load_dag_file
 from tests.fixtures.hdfs import HDFS_USER
 
 pytestmark = pytest.mark.integration
@@ -104,13 +104,7 @@ def test_webhdfs_sensor_in_a_dag_run(
     a task that reads its manifest; a missing one times the sensor out and fails the run."""
     path = storage.split_uri(hdfs_root)[1]
     text = DAG_FILE.format(address=webhdfs_server.address, user=HDFS_USER, path=path, root=hdfs_root)
-    (tmp_path / "hdfs_sensor_dag.py").write_text(text)
-    bundle = {"name": "hdfs_tests", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"}
-    bundle["kwargs"] = {"path": str(tmp_path), "refresh_interval": 0}
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([bundle]))
-    spec = importlib.util.spec_from_file_location("hdfs_sensor_dag", tmp_path / "hdfs_sensor_dag.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_dag_file(tmp_path, "hdfs_sensor_dag", text, monkeypatch)
     write_committed(hdfs_root, "raw", "2024-03-05", 200, hdfs_options)
 
     from airflow.models.xcom import XComModel

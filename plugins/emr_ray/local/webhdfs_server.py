@@ -296,6 +296,16 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._empty(307, {"Location": location})
 
+    def _file_at_datanode(self, hdfs_path: str, params: dict[str, str]) -> Path | None:
+        """An existing file, when asked at the "datanode"; else answer with the redirect, return None."""
+        path = self.fs.existing(hdfs_path)
+        if path.is_dir():
+            raise RemoteError("FileNotFoundException", f"Path is not a file: {hdfs_path}")
+        if params.get("datanode") != "true":
+            self._redirect(hdfs_path, params)
+            return None
+        return path
+
     # ------------------------------------------------------------------ GET
 
     def _GET_GETFILESTATUS(self, hdfs_path: str, params: dict[str, str], body: bytes) -> None:
@@ -347,11 +357,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _GET_GETFILECHECKSUM(self, hdfs_path: str, params: dict[str, str], body: bytes) -> None:
         with self.fs.lock:
-            path = self.fs.existing(hdfs_path)
-            if path.is_dir():
-                raise RemoteError("FileNotFoundException", f"Path is not a file: {hdfs_path}")
-            if params.get("datanode") != "true":
-                return self._redirect(hdfs_path, params)
+            path = self._file_at_datanode(hdfs_path, params)
+            if path is None:
+                return None
             self._json(_checksum(path))
 
     def _GET_GETFILEBLOCKLOCATIONS(self, hdfs_path: str, params: dict[str, str], body: bytes) -> None:
@@ -423,11 +431,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _GET_OPEN(self, hdfs_path: str, params: dict[str, str], body: bytes) -> None:
         with self.fs.lock:
-            path = self.fs.existing(hdfs_path)
-            if path.is_dir():
-                raise RemoteError("FileNotFoundException", f"Path is not a file: {hdfs_path}")
-            if params.get("datanode") != "true":
-                return self._redirect(hdfs_path, params)
+            path = self._file_at_datanode(hdfs_path, params)
+            if path is None:
+                return None
             size = path.stat().st_size
             offset = int(params.get("offset") or 0)
             length = int(params["length"]) if params.get("length") else size - offset
