@@ -5,6 +5,8 @@ FROM apache/airflow:3.3.2-python3.11
 USER root
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    # the HDFS provider's Kerberos extra (gssapi, krb5) builds from source against these
+    libkrb5-dev gcc \
  && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
     PYTHONPATH=/opt/airflow/project
