@@ -117,6 +117,7 @@ def test_a_bad_parameter_is_refused_at_trigger_time(api):
         )
 
 
+@pytest.mark.timeout(1800)  # two full pipeline runs, one after the other, on a shared 2-core machine
 def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api, stack):
     body = {"dag_id": DAG_ID, "from_date": f"{BACKFILL[0]}T00:00:00Z", "to_date": f"{BACKFILL[-1]}T00:00:00Z",
             "reprocess_behavior": "completed", "max_active_runs": 1, "dag_run_conf": {"epochs": 1}}  # fmt: skip
