@@ -199,6 +199,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         fsys.delete_dir(run_path)
         state = {}
 
+    # Ray Train's controller polls its workers every 2 s by default: each epoch's report, and the end
+    # of training, wait for the next poll. Polls are cheap; 0.5 s takes seconds off every fit().
+    # Ray Train passes this variable from the driver to its controller and workers.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     ray.init(address="auto", logging_level=logging.WARNING)
     started = time.monotonic()
     plan = _plan_datasets(spec, options)
