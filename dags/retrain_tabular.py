@@ -12,9 +12,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, AsyncCallback, DeadlineAlert, DeadlineReference, Param, task
+from airflow.sdk import DAG, Param, task
 
-from emr_ray.deadlines import MISSED_DEADLINE_CALLBACK
+from emr_ray.deadlines import warn_after
 from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
@@ -40,11 +40,7 @@ with DAG(
     tags=["emr-ray", "retraining", "tabular"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     # Airflow 3's successor of SLAs: warn (the run goes on) when a run is not done 3 hours after it was queued
-    deadline=DeadlineAlert(
-        reference=DeadlineReference.DAGRUN_QUEUED_AT,
-        interval=timedelta(hours=3),
-        callback=AsyncCallback(MISSED_DEADLINE_CALLBACK),
-    ),
+    deadline=warn_after(timedelta(hours=3)),
     params={
         "partition": partition_param(),
         "epochs": Param(5, type="integer", minimum=1, maximum=200),

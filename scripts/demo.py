@@ -100,7 +100,7 @@ def main() -> int:
     print("==> Starting the local stack (COS stand-in, Ray head) on 127.0.0.1", flush=True)
     stack = LocalStack(PROJECT / ".state" / "demo", PROJECT).start()
     try:
-        env = os.environ | stack.airflow_env()
+        env = os.environ | stack.dags_test_env()
         from include.data.synthetic import write_partitions
 
         first = (dt.date.fromisoformat(args.date) - dt.timedelta(days=2)).isoformat()

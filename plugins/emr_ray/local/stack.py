@@ -119,6 +119,11 @@ class LocalStack:
             },
         }
 
+    def dags_test_env(self) -> dict[str, str]:
+        """:meth:`airflow_env` for ``airflow dags test``, which in Airflow 3.3.2 cannot finish a run of
+        a DAG with a deadline: deadlines off (see ``emr_ray.deadlines.warn_after``)."""
+        return self.airflow_env() | {"EMR_RAY_DEADLINES": "off"}
+
     def airflow_env(self) -> dict[str, str]:
         """Environment for Airflow processes (CLI, ``dags test``, scheduler) running on this stack."""
         env = {
