@@ -93,7 +93,7 @@ def wait_for_runs(api: Api, run_ids: set[str], timeout: float = 1200) -> dict[st
 def test_manual_run_with_parameters_registers_a_challenger_only(api, stack):
     run = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
         "dag_run_id": "manual-params", "logical_date": None,
-        "conf": {"partition": WEAK, "epochs": 1, "lr": 0.00001, "register_only_if_better": False},
+        "conf": {"partition": WEAK, "epochs": 1, "lr": 0.00001, "num_workers": 1, "register_only_if_better": False},
     })  # fmt: skip
     assert wait_for_runs(api, {run["dag_run_id"]})["manual-params"]["state"] == "success"
     import mlflow
@@ -120,7 +120,7 @@ def test_a_bad_parameter_is_refused_at_trigger_time(api):
 @pytest.mark.timeout(1800)  # two full pipeline runs, one after the other, on a shared 2-core machine
 def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api, stack):
     body = {"dag_id": DAG_ID, "from_date": f"{BACKFILL[0]}T00:00:00Z", "to_date": f"{BACKFILL[-1]}T00:00:00Z",
-            "reprocess_behavior": "completed", "max_active_runs": 1, "dag_run_conf": {"epochs": 1}}  # fmt: skip
+            "reprocess_behavior": "completed", "max_active_runs": 1, "dag_run_conf": {"epochs": 1, "num_workers": 1}}  # fmt: skip
     backfill = api.call("POST", "/api/v2/backfills", body)
     deadline = time.monotonic() + 120
     while True:

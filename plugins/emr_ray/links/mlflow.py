@@ -24,13 +24,15 @@ class MLflowLink(BaseOperatorLink):
     @classmethod
     def persist(cls, context: Any, url: str | None) -> None:
         """
-        Store ``url`` for this link on the running task instance (nothing when ``url`` is empty).
+        Store ``url`` for this link on the running task instance (an empty link when ``url`` is empty).
+
+        Stored either way: Airflow reads every link back when the task ends and logs a missing one
+        as an error.
 
         :param context: the task's execution context.
         :param url: the page to link to, or None when MLflow has no UI URL.
         """
-        if url:
-            context["ti"].xcom_push(key=cls().xcom_key, value=url)
+        context["ti"].xcom_push(key=cls().xcom_key, value=url or "")
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.execution_time.xcom import XCom
