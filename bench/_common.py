@@ -203,18 +203,31 @@ def per_second(value: float | None) -> str:
 
 
 def footer_rows(paths: list[str]) -> list[tuple[str, int]]:
-    """``(path, rows)`` of each file from its Parquet footer (no data read), as ``emr_ray.jobs.train`` plans."""
-    import pyarrow.parquet as pq
+    """``(path, rows)`` of each local file from its Parquet footer (no data read), as ``emr_ray.jobs.train`` plans."""
+    from emr_ray import storage
 
-    return [(p, pq.ParquetFile(p).metadata.num_rows) for p in paths]
+    return storage.parquet_row_counts(paths, "file:///")
+
+
+def shard_plan(datasets: dict[str, list[tuple[str, int]]]) -> dict[str, Any]:
+    """The shard plan of local files the job passes to its workers (training datasets get equal shards)."""
+    from emr_ray.jobs import shards
+
+    described = {
+        name: shards.describe(
+            f"file://{files[0][0].rpartition('/')[0] if files else ''}", files, equal=name == "train"
+        )
+        for name, files in datasets.items()
+    }
+    return {"datasets": described, "storage": {}}
 
 
 def shard_config(files: list[tuple[str, int]], *, equal: bool = True, name: str = "train") -> dict[str, Any]:
     """A train-loop config holding a shard plan of local ``files``, as the job passes it to the workers."""
     from emr_ray.jobs import shards
 
-    folder = files[0][0].rpartition("/")[0] if files else ""
-    plan = {"datasets": {name: shards.describe(f"file://{folder}", files, equal=equal)}, "storage": {}}
+    plan = shard_plan({name: files})
+    plan["datasets"][name]["equal"] = equal
     return {"feature_columns": FEATURE_COLUMNS, "label_column": LABEL_COLUMN, shards.PLAN_KEY: plan}
 
 

@@ -41,12 +41,14 @@ from bench._common import (  # noqa: E402
     FEATURE_COLUMNS,
     LABEL_COLUMN,
     STATE,
+    footer_rows,
     init_ray,
     machine,
     per_second,
     rate,
     read_shard,
     setup_env,
+    shard_plan,
     table,
     write_dataset,
     write_json,
@@ -376,7 +378,6 @@ def main(argv: list[str] | None = None) -> None:
         "variants": {},
     }
     v = result["variants"]
-    import pyarrow.parquet as pq
     import ray
 
     result["machine"] = machine()
@@ -392,17 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             from emr_ray.jobs import shards
 
-            plan = {
-                "datasets": {
-                    name: shards.describe(
-                        f"file://{files[0].rpartition('/')[0]}",
-                        [(f, pq.ParquetFile(f).metadata.num_rows) for f in files],
-                        equal=name == "train",
-                    )
-                    for name, files in (("train", train_files), ("test", test_files))
-                },
-                "storage": {},
-            }
+            plan = shard_plan({"train": footer_rows(train_files), "test": footer_rows(test_files)})
             for key, workers in RAY_VARIANTS.items():
                 if key not in chosen:
                     continue

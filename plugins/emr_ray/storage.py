@@ -28,6 +28,8 @@ MANIFEST = "_manifest.json"
 _PARTITION_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 #: the NameNode's HTTP port in Hadoop 3 (``dfs.namenode.http-address``)
 DEFAULT_WEBHDFS_PORT = 9870
+#: the same over HTTPS (``dfs.namenode.https-address``)
+DEFAULT_WEBHDFS_HTTPS_PORT = 9871
 #: schemes whose filesystems rename a directory in one step (commit moves the staging prefix)
 RENAMES_DIRECTORIES = ("file", "hdfs")
 
@@ -133,6 +135,11 @@ def partition_uri(root: str, dataset: str, partition: str) -> str:
     return join(root, dataset, f"dt={validate_partition(partition)}")
 
 
+def default_webhdfs_port(https: bool) -> int:
+    """The NameNode's WebHDFS port when an address names none."""
+    return DEFAULT_WEBHDFS_HTTPS_PORT if https else DEFAULT_WEBHDFS_PORT
+
+
 def webhdfs_address(uri: str, options: StorageOptions | None = None) -> str:
     """The WebHDFS base address for an ``hdfs://`` URI: ``options.webhdfs_address`` or ``http://<host>:9870``."""
     if options and options.webhdfs_address:
@@ -174,7 +181,7 @@ def _webhdfs(uri: str, options: StorageOptions | None):
     https = address.scheme == "https"
     client = WebHDFS(
         host=address.hostname,
-        port=address.port or (9871 if https else DEFAULT_WEBHDFS_PORT),
+        port=address.port or default_webhdfs_port(https),
         user=options.hdfs_user if options else None,
         use_https=https,
     )
@@ -201,7 +208,7 @@ def spark_hadoop_configs(uris: list[str], options: StorageOptions | None = None)
     for host in hosts:
         address = urlparse(webhdfs_address(f"hdfs://{host}/", options))
         scheme = "swebhdfs" if address.scheme == "https" else "webhdfs"
-        port = address.port or (9871 if scheme == "swebhdfs" else DEFAULT_WEBHDFS_PORT)
+        port = address.port or default_webhdfs_port(address.scheme == "https")
         configs[f"spark.hadoop.fs.viewfs.mounttable.{host}.linkFallback"] = (
             f"{scheme}://{address.hostname}:{port}/"
         )
@@ -232,12 +239,23 @@ def list_parquet_files(uri: str, options: StorageOptions | None = None) -> list[
     return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
 
 
-def count_parquet_rows(files: list[str], uri: str, options: StorageOptions | None = None) -> int:
-    """Rows in ``files`` from their Parquet footers (no data read)."""
+def parquet_row_counts(
+    files: list[str], uri: str, options: StorageOptions | None = None
+) -> list[tuple[str, int]]:
+    """``(file, rows)`` for each of ``files`` (on ``uri``'s filesystem), from its Parquet footer: no data read."""
     import pyarrow.parquet as pq
 
     fsys = filesystem(uri, options)
-    return sum(pq.ParquetFile(fsys.open_input_file(f)).metadata.num_rows for f in files)
+    counts = []
+    for path in files:
+        with fsys.open_input_file(path) as f:
+            counts.append((path, pq.ParquetFile(f).metadata.num_rows))
+    return counts
+
+
+def count_parquet_rows(files: list[str], uri: str, options: StorageOptions | None = None) -> int:
+    """Rows in ``files`` from their Parquet footers (no data read)."""
+    return sum(rows for _, rows in parquet_row_counts(files, uri, options))
 
 
 def is_committed(uri: str, options: StorageOptions | None = None) -> bool:

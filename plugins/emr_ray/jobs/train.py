@@ -52,8 +52,6 @@ def _write_state(fsys, path: str, state: dict[str, Any]) -> None:
 
 def _plan_datasets(spec: dict[str, Any], options: storage.StorageOptions) -> dict[str, Any]:
     """The shard plan for the workers: each dataset's Parquet files with their row counts."""
-    import pyarrow.parquet as pq
-
     datasets = {}
     for name, uri in spec["datasets"].items():
         files = storage.list_parquet_files(uri, options)
@@ -61,11 +59,7 @@ def _plan_datasets(spec: dict[str, Any], options: storage.StorageOptions) -> dic
             raise JobInputError(
                 f"Training input {name}={uri} has no Parquet files; run the preprocessing step first."
             )
-        fsys = storage.filesystem(uri, options)
-        counted = []
-        for path in files:
-            with fsys.open_input_file(path) as f:
-                counted.append((path, pq.ParquetFile(f).metadata.num_rows))
+        counted = storage.parquet_row_counts(files, uri, options)
         if not sum(rows for _, rows in counted):
             raise JobInputError(f"Training input {name}={uri} has no rows; check the preprocessing step.")
         datasets[name] = shards.describe(uri, counted, equal=(name == "train"))

@@ -238,7 +238,7 @@ class RayJobOperator(BaseOperator):
         extra = conn.extra_dejson
         https = str(extra.get("use_ssl", False)).lower() == "true"
         host = conn.host.split(",")[0].strip()  # the provider's hook takes a list of NameNodes
-        port = conn.port or (9871 if https else storage.DEFAULT_WEBHDFS_PORT)
+        port = conn.port or storage.default_webhdfs_port(https)
         return storage.StorageOptions(
             webhdfs_address=f"{'https' if https else 'http'}://{host}:{port}",
             hdfs_user=conn.login or None,
