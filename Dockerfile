@@ -17,6 +17,7 @@ COPY --chown=airflow:root requirements.txt constraints.txt pyproject.toml README
 # torch first, from the CPU index (the default index would pull the multi-GB CUDA build)
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
  && pip install --no-cache-dir -c constraints.txt -r requirements.txt
+# Only the provider, the DAGs and include/: the local stack (devstack/), tests/, bench/ and scripts/ stay out.
 COPY --chown=airflow:root plugins/ plugins/
 COPY --chown=airflow:root dags/ dags/
 COPY --chown=airflow:root include/ include/

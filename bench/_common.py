@@ -1,7 +1,8 @@
 """Shared helpers for the benchmarks: isolated Ray state, the synthetic data set, timing and output.
 
 Everything lives under ``.state/bench`` (``rm -rf`` it to reset). Run the benchmarks inside the
-loopback-only namespace: ``bash scripts/loopback.sh .venv/bin/python bench/data_path.py``.
+loopback-only namespace, as modules from the repository root:
+``bash scripts/loopback.sh .venv/bin/python -m bench.data_path``.
 """
 
 from __future__ import annotations
@@ -17,17 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from include.data.synthetic import FEATURE_COLUMNS, LABEL_COLUMN, make_partition
+
 REPO = Path(__file__).resolve().parents[1]
 STATE = REPO / ".state" / "bench"
 RESULTS = REPO / "bench" / "results"
 FILES_PER_DATASET = 8
 _ENV_BEFORE_RAY = False  # setup_env() ran before ray was imported
-
-for _path in (REPO, REPO / "plugins"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from include.data.synthetic import FEATURE_COLUMNS, LABEL_COLUMN, make_partition  # noqa: E402
 
 
 def setup_env() -> Path:
@@ -35,7 +32,7 @@ def setup_env() -> Path:
 
     Must run before ``import ray``; Ray's worker processes inherit it (so they import ``include``).
     """
-    from emr_ray.local.ray_head import cluster_env
+    from devstack.ray_head import cluster_env
 
     ray_state = STATE / "ray"
     (ray_state / "home").mkdir(parents=True, exist_ok=True)
@@ -44,7 +41,7 @@ def setup_env() -> Path:
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
     os.environ.update(cluster_env(ray_state))
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "plugins")])
+    os.environ["PYTHONPATH"] = str(REPO)  # include/ (emr_ray comes from the editable install)
     global _ENV_BEFORE_RAY
     _ENV_BEFORE_RAY = _ENV_BEFORE_RAY or "ray" not in sys.modules
     return ray_state
@@ -59,7 +56,7 @@ def init_ray(num_cpus: int = 2) -> float:
 
     import ray
 
-    from emr_ray.local.ray_head import ray_temp_dir
+    from devstack.ray_head import ray_temp_dir
 
     if not _ENV_BEFORE_RAY:
         raise RuntimeError("call setup_env() before anything imports ray (Ray reads RAY_AUTH_MODE at import)")
@@ -234,7 +231,7 @@ def shard_config(files: list[tuple[str, int]], *, equal: bool = True, name: str 
 def worker_tensors(config: dict[str, Any], name: str, rank: int, world: int) -> tuple[Any, Any]:
     """``include.training.loop._tensors`` for rank ``rank`` of ``world``, outside Ray Train.
 
-    ``_tensors`` is called as is. Only its ``emr_ray.jobs.shards.worker_shard`` call, which asks Ray
+    ``_tensors`` is called as is. Only its ``emr_ray.train.worker_shard`` call, which asks Ray
     Train's context for the rank and world size, is swapped (for this call, in this process) for a
     stand-in that takes them as arguments and does the rest as ``worker_shard`` does:
     ``shards.plan(footer row counts, world, equal=...)`` then ``shards.read(pieces, pyarrow
@@ -245,6 +242,7 @@ def worker_tensors(config: dict[str, Any], name: str, rank: int, world: int) -> 
 
     from pyarrow import fs
 
+    from emr_ray import train as emr_train
     from emr_ray.jobs import shards
     from include.training.loop import _tensors
 
@@ -253,5 +251,5 @@ def worker_tensors(config: dict[str, Any], name: str, rank: int, world: int) -> 
         pieces = shards.plan([(p, int(n)) for p, n in entry["files"]], world, equal=entry["equal"])
         return shards.read(pieces[rank], fs.LocalFileSystem(), columns)
 
-    with mock.patch.object(shards, "worker_shard", local_worker_shard):
+    with mock.patch.object(emr_train, "worker_shard", local_worker_shard):
         return _tensors(config, name)

@@ -32,8 +32,8 @@ rows it read, and the targets compare rows/s, not seconds.
 
 Run inside the loopback-only namespace::
 
-    bash scripts/loopback.sh .venv/bin/python bench/data_path.py --rows 1000000 --repeat 2
-    bash scripts/loopback.sh .venv/bin/python bench/data_path.py --rows 10000000 --repeat 1 \\
+    bash scripts/loopback.sh .venv/bin/python -m bench.data_path --rows 1000000 --repeat 2
+    bash scripts/loopback.sh .venv/bin/python -m bench.data_path --rows 10000000 --repeat 1 \\
         --subset a_off=2 --subset b_raydata=2
 """
 
@@ -49,12 +49,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import (  # noqa: E402
+from bench._common import (
     FEATURE_COLUMNS,
     FILES_PER_DATASET,
     LABEL_COLUMN,
+    REPO,
     STATE,
     evict,
     footer_rows,
@@ -336,11 +335,11 @@ def spark_in_child(key: str, args: argparse.Namespace) -> dict[str, Any]:
 
     out = STATE / f"spark-{key}.json"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--rows", str(args.rows), "--repeat", str(args.repeat)]
+    cmd = [sys.executable, "-m", "bench.data_path", "--rows", str(args.rows), "--repeat", str(args.repeat)]
     for name, count in args.subset.items():
         cmd += ["--subset", f"{name}={count}"]
     cmd += ["--spark-child", key, "--ray-address", ray.get_runtime_context().gcs_address]
-    subprocess.run(cmd, check=True, env=os.environ | {"BENCH_CHILD_OUT": str(out)})
+    subprocess.run(cmd, check=True, cwd=REPO, env=os.environ | {"BENCH_CHILD_OUT": str(out)})
     return json.loads(out.read_text())
 
 

@@ -1,393 +1,236 @@
-"""GPU check: run the tabular Ray Train loop with ``ScalingConfig(num_workers=1, use_gpu=True)``.
+"""GPU check: the shipped training job, run exactly as ``TorchTrainOperator`` runs it, with ``use_gpu=True``.
 
-Self-contained; meant for a single machine with one CUDA GPU (and Ray, torch, pandas installed)::
+What it proves: that ``emr_ray.jobs.train`` (the job the operator submits) trains the shipped loop
+``include.models.tabular:train_loop`` on a CUDA device end to end, with nothing patched: it stages a
+committed Parquet partition with the project's own code (``include.data.synthetic``,
+``emr_ray.storage.commit``), starts a local Ray head with one GPU (``devstack.ray_head``), builds the
+``TrainJobSpec`` the operator builds (``ScalingSpec(num_workers=1, use_gpu=True)``), and runs
+``python -m emr_ray.jobs.train --spec ... --result-file ...`` against the head, as the Ray job's
+entrypoint does. The best checkpoint's ``state.pt`` is then loaded with ``map_location=None``: the
+loop saves the weights from the training device, so on a GPU run they come back on ``cuda:0``. It
+checks the job succeeded, the weights' device, ``test_accuracy >= 0.85`` and the epoch count; writes
+the facts (GPU name, final metrics, fit seconds, MLflow's per-epoch rows/s, wall time) to ``--out``
+and exits 1 when a check fails (2 when ``use_gpu`` is asked for and torch sees no CUDA device).
 
-    python3 bench/gpu_check.py --out bench/results/gpu_check.json
+Run from the repository root on a machine with one CUDA GPU (``emr_ray`` installed, or on
+``PYTHONPATH`` as ``plugins``)::
 
-It starts a local Ray node, builds a small synthetic binary-classification dataset with Ray Data, and
-fits ``TorchTrainer(include.models.tabular.train_loop)`` on one GPU worker. A thin wrapper around the
-loop asserts that ``ray.train.torch.get_device()`` is a CUDA device and returns (as the rank-0 return
-value) what the worker saw; the driver then reads the checkpoint's tensors' storage locations to show
-the weights were trained on the GPU.
+    PYTHONPATH=plugins python -m bench.gpu_check --out bench/results/gpu_check.json
 
-Variants (each a separate ``fit``):
+``--cpu`` runs the very same path with ``use_gpu=False`` (expected device ``cpu``), to test this
+script without a GPU. On a shared machine run it inside the loopback-only namespace, where stopping
+the head stops only this namespace's Ray (outside it, ``stop_head`` falls back to ``ray stop --force``)::
 
-* ``default``: the loop as shipped, with Ray's default torch backend (NCCL when ``use_gpu=True``).
-* ``cpu_gloo_cuda_nccl``: the same loop, with ``TorchConfig(backend="cpu:gloo,cuda:nccl")`` so that
-  CPU tensors have a collective backend too (a config-only workaround).
-* ``fixed_loop``: a copy of the loop whose metric accumulator lives on the training device (the
-  candidate code fix), with the default backend.
-
-By default the last two run only when ``default`` fails; ``--variants`` picks them explicitly.
-``--cpu`` runs the same checks without a GPU (``use_gpu=False``), to test this script on a laptop.
+    bash scripts/loopback.sh .venv/bin/python -m bench.gpu_check --cpu --out /tmp/gpu_check_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
-import tempfile  # noqa: F401  (used by the exec'd fixed_train_loop)
+import tempfile
 import threading
 import time
 import traceback
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from devstack import ray_head
+from emr_ray import storage
+from emr_ray import train as emr_train
+from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, MLflowSection, ScalingSpec, TrainJobSpec, parse_marked
+from include.data.synthetic import FEATURE_COLUMNS, LABEL_COLUMN, make_partition
 
-from collections.abc import Callable  # noqa: E402,F401  (used by the exec'd fixed loop)
-
-from include.models.tabular import build_model, train_loop  # noqa: E402
-
-try:  # the loop's body lives in include.training.loop.run_epochs (older trees: in train_loop itself)
-    from include.training import loop as _loop_module  # noqa: E402
-    from include.training.loop import _batches  # noqa: E402,F401
-
-    _LOOP_BODY = _loop_module.run_epochs
-except ImportError:  # pragma: no cover
-    from include.models.tabular import _batches  # noqa: E402,F401
-
-    _LOOP_BODY = train_loop
-
-FEATURES = [f"f{i:02d}" for i in range(16)]
-LABEL = "label"
-STORAGE = "/tmp/ray_results"
-ACCUMULATOR = "sums = torch.zeros(5, dtype=torch.float64)"
-
-RESULT: dict[str, Any] = {"status": "started", "variants": {}}
-OUT_PATH = None
+REPO = Path(__file__).resolve().parents[1]
+PARTITION = "2026-11-05"
+MIN_ACCURACY = 0.85
+HYPERPARAMETERS = {"batch_size": 512, "lr": 0.003, "hidden": 64, "seed": 42}
 
 
-def log(msg: str) -> None:
-    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+def log(message: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def save() -> None:
-    if OUT_PATH:
-        os.makedirs(os.path.dirname(os.path.abspath(OUT_PATH)), exist_ok=True)
-        with open(OUT_PATH, "w") as f:
-            json.dump(RESULT, f, indent=2, default=str)
+def stage_partition(root: Path, rows: int, test_rows: int) -> str:
+    """A committed, standardised partition with ``train/`` and ``test/`` Parquet (as preprocessing writes)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    final = f"file://{root}/tabular/dt={PARTITION}"
+    tmp = storage.staging_uri(final)
+    table = make_partition(PARTITION, rows + test_rows)
+    for column in FEATURE_COLUMNS:
+        values = table[column].to_numpy()
+        scaled = pa.array(((values - values.mean()) / values.std()).astype("float32"))
+        table = table.set_column(table.schema.get_field_index(column), column, scaled)
+    parts = {"train": table.slice(0, rows), "test": table.slice(rows)}
+    for name, part in parts.items():
+        folder = Path(storage.split_uri(tmp)[1]) / name
+        folder.mkdir(parents=True)
+        pq.write_table(part, folder / "part-0.parquet")
+    storage.commit(tmp, final, {"outputs": {n: {"rows": p.num_rows} for n, p in parts.items()}})
+    return final
 
 
-def _fixed_train_loop_source() -> str:
-    """``train_loop``'s source with the accumulator moved onto the training device."""
-    src = inspect.getsource(_LOOP_BODY)
-    if src.count(ACCUMULATOR) != 1:
-        raise RuntimeError(
-            f"{_LOOP_BODY.__name__} no longer holds the expected accumulator line; update gpu_check.py"
-        )
-    src = src.replace(ACCUMULATOR, "sums = torch.zeros(5, dtype=torch.float64, device=device)")
-    return src.replace(f"def {_LOOP_BODY.__name__}(", "def _fixed_body(", 1)
-
-
-# Defined in this (``__main__``) module so cloudpickle ships it by value to the worker.
-exec(compile(_fixed_train_loop_source(), "<fixed_loop>", "exec"), globals())
-
-
-def fixed_train_loop(config: dict[str, Any]) -> None:
-    """``train_loop`` with the metric accumulator on the training device."""
-    if _LOOP_BODY is train_loop:
-        return _fixed_body(config)  # noqa: F821
-    return _fixed_body(config, build_model)  # noqa: F821
-
-
-def checked_loop(config: dict[str, Any]):
-    """Worker wrapper: check the device, run the real (or fixed) loop, return what the worker saw."""
-    import torch
-    import torch.distributed as dist
-    from ray.train.torch import get_device
-
-    expect_cuda = bool(config.get("_expect_cuda"))
-    inner = fixed_train_loop if config.get("_inner") == "fixed" else train_loop
-    loop_config = {k: v for k, v in config.items() if not k.startswith("_")}
-
-    device = get_device()
-    info: dict[str, Any] = {
-        "device": str(device),
-        "device_type": device.type,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "torch_cuda_available": torch.cuda.is_available(),
-        "loop": inner.__name__,
-    }
-    if expect_cuda:
-        assert device.type == "cuda", (
-            f"ray.train.torch.get_device() returned {device}, expected a CUDA device"
-        )
-    if device.type == "cuda":
-        info["gpu_name"] = torch.cuda.get_device_name(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    started = time.monotonic()
-    inner(loop_config)
-    info["loop_seconds"] = round(time.monotonic() - started, 3)
-    info["dist_initialized"] = dist.is_available() and dist.is_initialized()
-    if info["dist_initialized"]:
-        info["dist_backend"] = str(dist.get_backend())
-        info["world_size"] = dist.get_world_size()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        info["max_memory_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
-    return info
-
-
-def make_frames(rows: int, test_rows: int, seed: int = 0):
-    import numpy as np
-    import pandas as pd
-
-    rng = np.random.default_rng(seed)
-    w = rng.normal(size=len(FEATURES))
-
-    def frame(n: int):
-        x = rng.normal(size=(n, len(FEATURES))).astype("float32")
-        score = x @ w + 0.5 * np.sin(2.0 * x[:, 0]) + rng.normal(scale=0.5, size=n)
-        df = pd.DataFrame(x, columns=FEATURES)
-        df[LABEL] = (score > 0).astype("int64")
-        return df
-
-    return frame(rows), frame(test_rows)
-
-
-def checkpoint_locations(checkpoint) -> list[str]:
-    """Storage locations (e.g. 'cuda:0') of the tensors saved in the checkpoint's state.pt."""
-    import torch
-
-    locations: set[str] = set()
-
-    def remember(storage, location):
-        locations.add(location)
-        return storage
-
-    with checkpoint.as_directory() as d:
-        torch.load(os.path.join(d, "state.pt"), map_location=remember)
-    return sorted(locations)
-
-
-def run_variant(name: str, ds, ds_test, use_gpu: bool, args) -> dict[str, Any]:
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    config = {
-        "feature_columns": FEATURES,
-        "label_column": LABEL,
-        "epochs": args.epochs,
-        "lr": 0.003,
-        "batch_size": 512,
-        "_expect_cuda": use_gpu,
-        "_inner": "fixed" if name == "fixed_loop" else "real",
-    }
-    torch_config = TorchConfig(backend="cpu:gloo,cuda:nccl") if name == "cpu_gloo_cuda_nccl" else None
-    run_name = "gpu_check" if name == "default" else f"gpu_check_{name}"
-    out: dict[str, Any] = {
-        "run_name": run_name,
-        "torch_backend": "cpu:gloo,cuda:nccl" if torch_config else "default (nccl with use_gpu=True)",
-        "loop": "include.models.tabular.train_loop"
-        if config["_inner"] == "real"
-        else f"copy of {_LOOP_BODY.__module__}.{_LOOP_BODY.__name__} with sums on the training device",
-    }
-    trainer = TorchTrainer(
-        checked_loop,
-        train_loop_config=config,
-        torch_config=torch_config,
-        scaling_config=ray.train.ScalingConfig(num_workers=1, use_gpu=use_gpu),
-        run_config=ray.train.RunConfig(
-            storage_path=STORAGE, name=run_name, failure_config=ray.train.FailureConfig(max_failures=0)
+def build_spec(root: Path, partition: str, args: argparse.Namespace) -> TrainJobSpec:
+    """The spec ``TorchTrainOperator.build_spec`` would build for this partition."""
+    return TrainJobSpec(
+        train_loop="include.models.tabular:train_loop",
+        datasets={"train": f"{partition}/train", "test": f"{partition}/test"},
+        run_name="gpu-check",
+        storage_path=f"file://{root}/checkpoints/gpu-check",
+        mlflow=MLflowSection(
+            tracking_uri=f"sqlite:///{root}/mlflow.db",
+            experiment_name="gpu-check",
+            artifact_location=f"file://{root}/mlartifacts",
         ),
-        datasets={"train": ds, "test": ds_test},
+        config={"feature_columns": FEATURE_COLUMNS, "label_column": LABEL_COLUMN, "epochs": args.epochs}
+        | HYPERPARAMETERS,
+        scaling=ScalingSpec(num_workers=1, use_gpu=not args.cpu),
     )
-    log(f"variant {name}: fit starts")
-    started = time.monotonic()
+
+
+def run_job(spec_file: Path, result_file: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """``python -m emr_ray.jobs.train`` (the job's entrypoint), its output streamed; (exit code, output)."""
+    cmd = [sys.executable, "-m", "emr_ray.jobs.train", "--spec", spec_file, "--result-file", result_file]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    lines = []
     try:
-        result = trainer.fit()
-    except Exception as exc:  # TrainingFailedError and friends
-        out["fit_seconds"] = round(time.monotonic() - started, 2)
-        out["ok"] = False
-        out["error_type"] = type(exc).__name__
-        text = str(exc)
-        out["error"] = text[-4000:]
-        key = [ln.strip() for ln in text.splitlines() if "Error" in ln and ":" in ln]
-        out["error_summary"] = (
-            key[-1][:500] if key else text.strip().splitlines()[-1][:500] if text.strip() else ""
-        )
-        log(f"variant {name}: FAILED after {out['fit_seconds']} s: {out['error_summary']}")
-        return out
-    out["fit_seconds"] = round(time.monotonic() - started, 2)
-    worker = result.return_value or {}
-    out["worker"] = worker
-    out["final_metrics"] = dict(result.metrics or {})
-    out["epochs_reported"] = [m for _, m in (result.best_checkpoints or [])]
-    if result.checkpoint is not None:
-        try:
-            out["checkpoint_tensor_locations"] = checkpoint_locations(result.checkpoint)
-        except Exception as exc:
-            out["checkpoint_tensor_locations_error"] = repr(exc)
-    acc = out["final_metrics"].get("test_accuracy", 0.0)
-    checks = {
-        "device_as_expected": worker.get("device_type") == "cuda"
-        if use_gpu
-        else worker.get("device_type") == "cpu",
-        "test_accuracy_gt_0_8": acc > 0.8,
-        "epochs_completed": out["final_metrics"].get("epoch") == args.epochs - 1,
-    }
-    if use_gpu:
-        checks["checkpoint_on_cuda"] = any(
-            loc.startswith("cuda") for loc in out.get("checkpoint_tensor_locations", [])
-        )
-    out["checks"] = checks
-    out["ok"] = all(checks.values())
-    log(f"variant {name}: ok={out['ok']} fit {out['fit_seconds']} s, metrics {out['final_metrics']}")
-    return out
+        for line in proc.stdout:  # type: ignore[union-attr]
+            print(f"  | {line}", end="", flush=True)
+            lines.append(line)
+        return proc.wait(), "".join(lines)
+    finally:
+        timer.cancel()
 
 
-def torch_facts() -> dict[str, Any]:
+def weight_devices(checkpoint_uri: str) -> list[str]:
+    """The devices of the checkpointed model tensors, loaded where they were saved from."""
     import torch
 
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "cuda_available": torch.cuda.is_available(),
-        "device_count": torch.cuda.device_count(),
-        "nccl_available": bool(getattr(torch.distributed, "is_nccl_available", lambda: False)()),
-    }
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        facts.update(
-            gpu_name=props.name,
-            capability=f"{props.major}.{props.minor}",
-            total_memory_gib=round(props.total_memory / 2**30, 1),
-            multiprocessors=props.multi_processor_count,
-        )
-        try:
-            facts["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:
-            pass
-    if shutil.which("nvidia-smi"):
-        try:
-            facts["nvidia_smi"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            ).stdout.strip()
-        except Exception as exc:
-            facts["nvidia_smi"] = repr(exc)
-    return facts
+    path = Path(storage.split_uri(checkpoint_uri)[1]) / emr_train.STATE_FILE
+    state = torch.load(path, map_location=None)
+    return sorted({str(tensor.device) for tensor in state["model"].values()})
 
 
-def watchdog(deadline_s: float) -> None:
-    def fire():
-        RESULT["status"] = f"timed out after {deadline_s} s (watchdog)"
-        save()
-        log(RESULT["status"])
-        print(json.dumps(RESULT, indent=2, default=str), flush=True)
-        os._exit(3)
+def rows_per_second_by_epoch(result: dict[str, Any]) -> list[float]:
+    """Training rows/s of each epoch, as the job logged them to MLflow."""
+    import mlflow
 
-    t = threading.Timer(deadline_s, fire)
-    t.daemon = True
-    t.start()
+    client = mlflow.MlflowClient(tracking_uri=result["tracking_uri"])
+    history = client.get_metric_history(result["mlflow_run_id"], "rows_per_second")
+    return [round(m.value) for m in sorted(history, key=lambda m: m.step)]
 
 
-def main() -> int:
-    global OUT_PATH
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench", "results", "gpu_check.json"))
-    p.add_argument("--cpu", action="store_true", help="no GPU: use_gpu=False (to test the script)")
-    p.add_argument("--rows", type=int, default=20000)
-    p.add_argument("--test-rows", type=int, default=5000)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument(
-        "--variants",
-        default="auto",
-        help="comma list of default,cpu_gloo_cuda_nccl,fixed_loop; 'auto' runs the last two "
-        "only if default fails",
-    )
-    p.add_argument(
-        "--deadline", type=float, default=360.0, help="give up (and write what we have) after this"
-    )
-    args = p.parse_args()
-    OUT_PATH = args.out
+def check(root: Path, state_dir: Path, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """Stage, start the head, run the job, read its checkpoint back; fills ``out``."""
+    import torch
+
     use_gpu = not args.cpu
-    watchdog(args.deadline)
-    t0 = time.monotonic()
+    out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                    "cuda_available": torch.cuda.is_available()}  # fmt: skip
+    if torch.cuda.is_available():
+        out["gpu_name"] = torch.cuda.get_device_name(0)
+    if use_gpu and not torch.cuda.is_available():
+        out["error"] = "use_gpu=True but torch sees no CUDA device (run with --cpu to test without one)"
+        return
+    partition = stage_partition(root, args.rows, args.test_rows)
+    spec = build_spec(root, partition, args)
+    spec_file, result_file = root / "spec.json", root / "result.json"
+    spec_file.write_text(spec.to_json())
+    out["spec"] = spec.to_dict()
+    log(f"staged {partition}; starting a Ray head ({args.num_cpus} CPUs, {int(use_gpu)} GPU) in {state_dir}")
 
-    RESULT["config"] = {
-        "rows": args.rows,
-        "test_rows": args.test_rows,
-        "features": len(FEATURES),
-        "epochs": args.epochs,
-        "lr": 0.003,
-        "batch_size": 512,
-        "scaling_config": {"num_workers": 1, "use_gpu": use_gpu},
-    }
-    RESULT["torch"] = torch_facts()
-    log(f"torch facts: {RESULT['torch']}")
-    save()
-    if use_gpu and not RESULT["torch"]["cuda_available"]:
-        RESULT["status"] = "no CUDA device visible to torch"
-        save()
-        print(json.dumps(RESULT, indent=2, default=str))
-        return 2
+    started = time.monotonic()
+    local = ray_head.start_head(state_dir, num_cpus=args.num_cpus, num_gpus=int(use_gpu))
+    out["head_start_seconds"] = round(time.monotonic() - started, 2)
+    env = os.environ | ray_head.cluster_env(state_dir) | {"RAY_ADDRESS": local.gcs_address}
+    log(f"head up in {out['head_start_seconds']}s at {local.dashboard_url}; running emr_ray.jobs.train")
 
-    import ray
-    import ray.data
+    started = time.monotonic()
+    code, output = run_job(spec_file, result_file, env, args.timeout)
+    out["job_seconds"] = round(time.monotonic() - started, 2)
+    out["job_exit_code"] = code
+    marked = parse_marked(output, RESULT_MARKER)  # how the operator reads it; the file is the job's copy
+    result = json.loads(result_file.read_text()) if result_file.exists() else marked
+    if code or not result:
+        out["error"] = parse_marked(output, ERROR_MARKER) or f"the job exited {code} without a result"
+        out["job_output_tail"] = output[-4000:]
+        return
+    out["result"] = result
+    out["final_metrics"] = result["final_metrics"]
+    out["fit_seconds"] = result["fit_seconds"]
+    out["rows_per_second_by_epoch"] = rows_per_second_by_epoch(result)
+    out["weight_devices"] = weight_devices(result["checkpoint_uri"])
 
-    RESULT["ray"] = ray.__version__
-    t = time.monotonic()
-    init_kwargs: dict[str, Any] = dict(
-        num_cpus=4, num_gpus=1 if use_gpu else 0, include_dashboard=False, object_store_memory=1 << 30
-    )
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "gpu_check.json"))
+    parser.add_argument("--cpu", action="store_true", help="use_gpu=False: test this script without a GPU")
+    parser.add_argument("--rows", type=int, default=20000, help="training rows")
+    parser.add_argument("--test-rows", type=int, default=5000)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--num-cpus", type=int, default=min(4, os.cpu_count() or 2))
+    parser.add_argument("--timeout", type=float, default=600, help="seconds the job may run")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (data, checkpoints, MLflow)")
+    args = parser.parse_args(argv)
+
+    started = time.monotonic()
+    expected = "cpu" if args.cpu else "cuda:0"
+    out: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.orig_argv),
+                           "use_gpu": not args.cpu, "expected_device": expected,
+                           "ray": metadata.version("ray"), "python": sys.version.split()[0]}  # fmt: skip
+    # Ray Train workers import include/ (and emr_ray, when it comes from PYTHONPATH) from here.
+    inherited = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [str(REPO), *inherited]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    root = Path(tempfile.mkdtemp(prefix="gpu-check-")).resolve()
+    state_dir = root / "ray"
     try:
-        ray.init(**init_kwargs)
-    except Exception as exc:
-        log(f"ray.init failed ({exc!r}); retrying on 127.0.0.1")
-        ray.shutdown()
-        init_kwargs["_node_ip_address"] = "127.0.0.1"
-        ray.init(**init_kwargs)
-    RESULT["ray_init_seconds"] = round(time.monotonic() - t, 2)
-    RESULT["ray_cluster_resources"] = ray.cluster_resources()
-    log(f"ray {ray.__version__} up in {RESULT['ray_init_seconds']} s: {RESULT['ray_cluster_resources']}")
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    shutil.rmtree(STORAGE, ignore_errors=True)
+        check(root, state_dir, args, out)
+    except Exception as e:  # still stop the head and write what is known
+        out["error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    finally:
+        if "head_start_seconds" in out:
+            log("stopping the Ray head")
+            ray_head.stop_head(state_dir)
+        temp_link = ray_head.ray_temp_dir(state_dir)
+        if not args.keep:
+            if temp_link.is_symlink():
+                temp_link.unlink()
+            shutil.rmtree(root, ignore_errors=True)
+        out["wall_seconds"] = round(time.monotonic() - started, 2)
 
-    train_df, test_df = make_frames(args.rows, args.test_rows)
-    ds, ds_test = ray.data.from_pandas(train_df), ray.data.from_pandas(test_df)
-    RESULT["label_mean"] = round(float(train_df[LABEL].mean()), 4)
-
-    names = (
-        ["default"] if args.variants == "auto" else [v.strip() for v in args.variants.split(",") if v.strip()]
-    )
-    for name in names:
-        try:
-            RESULT["variants"][name] = run_variant(name, ds, ds_test, use_gpu, args)
-        except Exception:
-            RESULT["variants"][name] = {"ok": False, "error": traceback.format_exc()[-4000:]}
-        save()
-        if args.variants == "auto" and name == "default" and not RESULT["variants"][name]["ok"]:
-            for extra in ("cpu_gloo_cuda_nccl", "fixed_loop"):
-                try:
-                    RESULT["variants"][extra] = run_variant(extra, ds, ds_test, use_gpu, args)
-                except Exception:
-                    RESULT["variants"][extra] = {"ok": False, "error": traceback.format_exc()[-4000:]}
-                save()
-
-    default = RESULT["variants"].get("default", {})
-    RESULT["shipped_loop_trains_on_gpu" if use_gpu else "shipped_loop_trains_on_cpu"] = bool(
-        default.get("ok")
-    )
-    RESULT["total_seconds"] = round(time.monotonic() - t0, 2)
-    RESULT["status"] = "done"
-    save()
-    ray.shutdown()
-    print(json.dumps(RESULT, indent=2, default=str), flush=True)
-    return 0
+    accuracy = out.get("final_metrics", {}).get("test_accuracy", 0.0)
+    out["checks"] = {
+        "job_succeeded": out.get("job_exit_code") == 0 and "result" in out,
+        "weights_on_expected_device": out.get("weight_devices") == [expected],
+        f"test_accuracy_ge_{MIN_ACCURACY}": accuracy >= MIN_ACCURACY,
+        "epochs_completed": out.get("result", {}).get("epochs_completed") == args.epochs,
+    }
+    out["ok"] = all(out["checks"].values())
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True, default=str) + "\n")
+    log(f"{'OK' if out['ok'] else 'FAILED'}: {out['checks']}")
+    log(f"device {out.get('weight_devices')} (expected {expected}), GPU {out.get('gpu_name', '-')}")
+    log(f"test_accuracy {accuracy:.4f}, fit {out.get('fit_seconds')}s, rows/s by epoch "
+        f"{out.get('rows_per_second_by_epoch')}, wall {out['wall_seconds']}s -> {args.out}")  # fmt: skip
+    if "error" in out:
+        log(f"error: {out['error']}")
+    if not args.cpu and out.get("torch", {}).get("cuda_available") is False:
+        return 2
+    return 0 if out["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ shared, loaded 2-core machine: each carries the 1-minute load average at the tim
 
 Run inside the loopback-only namespace::
 
-    bash scripts/loopback.sh .venv/bin/python bench/training.py --rows 200000 --epochs 3
+    bash scripts/loopback.sh .venv/bin/python -m bench.training --rows 200000 --epochs 3
 """
 
 from __future__ import annotations
@@ -30,14 +30,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import (  # noqa: E402
+from bench._common import (
     FEATURE_COLUMNS,
     LABEL_COLUMN,
     STATE,

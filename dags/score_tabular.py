@@ -1,9 +1,10 @@
 """Batch scoring with the champion model, run whenever a new tabular-mlp version is registered.
 
 Scheduled on the registered model's Airflow Asset (``x-mlflow://models/tabular-mlp``), which
-``MLflowRegisterOperator`` updates on every registration. Loads ``models:/tabular-mlp@champion``,
-scores the staged test split of the partition the champion was trained on, and commits the
-predictions as ``<staging>/predictions/dt=<partition>/``.
+``MLflowRegisterOperator`` updates on every registration. Resolves ``tabular-mlp@champion`` to a
+version once, loads that version, scores the staged test split of the partition it was trained on,
+and commits the predictions as ``<staging>/predictions/dt=<partition>/`` (see
+``include/scoring/tabular.py``).
 """
 
 from __future__ import annotations
@@ -32,14 +33,10 @@ with DAG(
 
     @task
     def score(staging_uri: str, model: str = MODEL, alias: str = "champion") -> dict:
-        """Predict with ``models:/<model>@<alias>`` and commit the predictions partition."""
-        import mlflow
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        """Predict with the version ``<model>@<alias>`` points at and commit the predictions partition."""
         from emr_ray import storage
         from emr_ray.hooks.mlflow import MLflowHook
+        from include.scoring.tabular import score_partition
 
         options = None
         if staging_uri.startswith("cos://"):
@@ -47,34 +44,14 @@ with DAG(
 
             options = storage.StorageOptions(**COSHook().pyarrow_s3_options())
         hook = MLflowHook()
-        version = hook.client.get_model_version_by_alias(model, alias)
-        partition = version.tags["partition"]
-        source = storage.join(staging_uri, "tabular", f"dt={partition}")
-        files = storage.list_parquet_files(storage.join(source, "test"), options)
-        fsys = storage.filesystem(source, options)
-        table = pa.concat_tables([pq.read_table(f, filesystem=fsys) for f in files])
-        features = [c for c in table.column_names if c != "label"]
-        x = np.column_stack([table[c].to_numpy() for c in features]).astype(np.float32)
-        with hook.credentials():
-            mlflow.set_tracking_uri(hook.tracking_uri)
-            loaded = mlflow.pyfunc.load_model(f"models:/{model}@{alias}")
-        predicted = np.asarray(loaded.predict(x)).argmax(axis=1)
-        accuracy = float((predicted == table["label"].to_numpy()).mean())
-        final = storage.join(staging_uri, "predictions", f"dt={partition}")
-        tmp = storage.staging_uri(final)
-        tmp_path = storage.split_uri(tmp)[1]
-        fsys.create_dir(tmp_path, recursive=True)
-        pq.write_table(
-            table.append_column("prediction", pa.array(predicted)),
-            f"{tmp_path}/part-0.parquet",
-            filesystem=fsys,
+        version = hook.get_model_version_by_alias(model, alias)
+        return score_partition(
+            staging_uri,
+            version.tags["partition"],
+            hook.load_pyfunc_model(model, version.version),
+            model_name=model,
+            version=version.version,
+            options=options,
         )
-        storage.commit(tmp, final, {"rows": table.num_rows, "model": model, "version": version.version,
-                                    "accuracy": accuracy, "partition": partition}, options)  # fmt: skip
-        print(
-            f"Scored {table.num_rows} rows of {source} with {model} v{version.version}: accuracy {accuracy:.4f}"
-        )
-        return {"partition": partition, "version": version.version, "rows": table.num_rows,
-                "accuracy": accuracy, "predictions_uri": final}  # fmt: skip
 
     score(STAGING)

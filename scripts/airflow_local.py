@@ -14,12 +14,11 @@ import sys
 import threading
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(PROJECT), str(PROJECT / "plugins")]
+from devstack.airflow import USER, LocalAirflow
+from devstack.forward import unix_to_tcp
+from devstack.stack import LocalStack
 
-from emr_ray.local.airflow import USER, LocalAirflow  # noqa: E402
-from emr_ray.local.forward import unix_to_tcp  # noqa: E402
-from emr_ray.local.stack import LocalStack  # noqa: E402
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:

@@ -19,11 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(PROJECT), str(PROJECT / "plugins")]
+from devstack.stack import LocalStack
+from emr_ray import storage
 
-from emr_ray import storage  # noqa: E402
-from emr_ray.local.stack import LocalStack  # noqa: E402
+PROJECT = Path(__file__).resolve().parents[1]
 
 SHOW = re.compile(r"\[emr_ray\] epoch|Read \d+ rows|Wrote output|Committed partition|Submitted Ray job|Reattaching"
                   r"|Final test_|champion|Marking task as|Ray \d+\.\d+.* node|ERROR|Error|failed")  # fmt: skip

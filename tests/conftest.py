@@ -17,7 +17,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("EMR_RAY_TEST_STATE", REPO_ROOT / ".state" / "tests")).resolve()
 if os.environ.get("PYTEST_XDIST_WORKER") is None and STATE.exists():
-    from emr_ray.local.ray_head import stop_head  # a crashed earlier session may have left its head
+    from devstack.ray_head import stop_head  # a crashed earlier session may have left its head
 
     if (STATE / "ray").exists():
         stop_head(STATE / "ray")
@@ -32,9 +32,8 @@ os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
 os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
 os.environ.setdefault("MLFLOW_TRACKING_URI", "")  # never the user's default ./mlruns
 os.environ.pop("MLFLOW_TRACKING_URI")
-for path in (REPO_ROOT, REPO_ROOT / "plugins"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+# pytest itself imports tests/, devstack/ and include/ from the repo root (pyproject: pythonpath = ["."]);
+# the subprocesses tests start (the airflow CLI, python -m devstack.cos_server, DAG parsing) need it too.
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(
     os.pathsep
 )
@@ -48,9 +47,14 @@ pytest_plugins = [
 ]
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def airflow_db() -> Path:
-    """A migrated SQLite metadata DB in the session's Airflow home (``airflow db migrate``, once)."""
+    """A migrated SQLite metadata DB in the session's Airflow home (``airflow db migrate``, once).
+
+    Not autouse: unit tests, the stand-ins' tests and the DAG integrity test (it only parses the DAG
+    files) need no database. ``tests/integration/conftest.py`` applies it to every integration test;
+    elsewhere, request it by name.
+    """
     airflow = Path(sys.executable).with_name("airflow")
     subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True)
     return Path(os.environ["AIRFLOW_HOME"])

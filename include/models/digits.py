@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from include.training.loop import load_weights, run_epochs
+from include.training.loop import run_epochs
 
-__all__ = ["build_model", "load_weights", "train_loop"]
+__all__ = ["build_model", "train_loop"]
 
 
 def build_model(config: dict[str, Any]):

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from include.training.loop import load_weights, run_epochs
+from include.training.loop import run_epochs
 
-__all__ = ["build_model", "load_weights", "train_loop"]
+__all__ = ["build_model", "train_loop"]
 
 
 def build_model(config: dict[str, Any]):
-    """The model, from the loop's config (the job rebuilds it to log the trained weights)."""
+    """The model, from the loop's config (the job rebuilds it to log the trained weights).
+
+    With ``train_loop`` this module follows :class:`emr_ray.train.TrainingModule`.
+    """
     from torch import nn
 
     width = int(config.get("hidden", 64))

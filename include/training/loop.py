@@ -1,20 +1,20 @@
 """The Ray Train worker loop shared by the project's models (runs on Ray Train workers).
 
-Each worker reads its own rows of the staged Parquet once (``emr_ray.jobs.shards``: pyarrow straight
-into tensors), trains on minibatches reshuffled every epoch (seeded, so a resumed run sees the
-same order), evaluates on its test rows (metrics all-reduced over workers), and reports per-epoch
-metrics with a checkpoint from rank 0. It resumes from the latest checkpoint when Ray Train or an
-Airflow retry restarts it.
+Each worker reads its own rows of the staged Parquet once (:func:`emr_ray.train.worker_shard`:
+pyarrow straight into tensors), trains on minibatches reshuffled every epoch (seeded, so a resumed
+run sees the same order), evaluates on its test rows (metrics all-reduced over workers), and
+reports per-epoch metrics with a checkpoint from rank 0 (:func:`emr_ray.train.report_epoch`). It
+resumes from the latest checkpoint (:func:`emr_ray.train.latest_state`) when Ray Train or an
+Airflow retry restarts it. It uses only the public ``emr_ray.train`` API.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+from emr_ray import train as emr_train
 
 
 def _tensors(config: dict[str, Any], name: str):
@@ -22,10 +22,8 @@ def _tensors(config: dict[str, Any], name: str):
     import numpy as np
     import torch
 
-    from emr_ray.jobs.shards import worker_shard
-
     features, label = list(config["feature_columns"]), config["label_column"]
-    table = worker_shard(config, name, features + [label])
+    table = emr_train.worker_shard(config, name, features + [label])
     if table is None:
         return torch.empty((0, len(features))), torch.empty((0,), dtype=torch.long)
     x = np.empty((table.num_rows, len(features)), dtype=np.float32)
@@ -44,7 +42,6 @@ def _batches(data, batch_size: int, device, order=None):
 
 def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], Any]) -> None:
     """Train ``build_model(config)``: evaluate, report and checkpoint once per epoch."""
-    import ray.train
     import torch
     import torch.distributed as dist
     from ray.train.torch import get_device, prepare_model
@@ -53,23 +50,17 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
     torch.manual_seed(seed)
     device = get_device()
     model = build_model(config)
-    optimizer_state = None
-    start_epoch = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as ckpt_dir:
-            state = torch.load(os.path.join(ckpt_dir, "state.pt"), map_location="cpu")
-            model.load_state_dict(state["model"])
-            optimizer_state = state["optimizer"]
-            start_epoch = state["epoch"] + 1
+    resumed = emr_train.latest_state()
+    if resumed:
+        model.load_state_dict(resumed.model)
+    start_epoch = resumed.epoch + 1 if resumed else 0
     model = prepare_model(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=float(config.get("lr", 1e-3)))
-    if optimizer_state:
-        optimizer.load_state_dict(optimizer_state)
+    if resumed and resumed.optimizer:
+        optimizer.load_state_dict(resumed.optimizer)
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
     train, test = _tensors(config, "train"), _tensors(config, "test")
     batch_size = int(config.get("batch_size", 256))
-    rank = ray.train.get_context().get_world_rank()
     distributed = dist.is_available() and dist.is_initialized()
 
     for epoch in range(start_epoch, int(config.get("epochs", 5))):
@@ -96,7 +87,6 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
             dist.all_reduce(sums)
         seconds = time.monotonic() - started
         metrics = {
-            "epoch": epoch,
             "train_loss": sums[0].item() / max(sums[1].item(), 1),
             "test_loss": sums[2].item() / max(sums[4].item(), 1),
             "test_accuracy": sums[3].item() / max(sums[4].item(), 1),
@@ -104,22 +94,4 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
             "rows_per_second": sums[1].item() / max(seconds, 1e-9),
             "start_epoch": start_epoch,  # > 0 when this attempt resumed from a checkpoint
         }
-        if rank == 0:
-            with tempfile.TemporaryDirectory() as tmp:
-                unwrapped = model.module if hasattr(model, "module") else model
-                state = {"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
-                torch.save(state, os.path.join(tmp, "state.pt"))
-                with open(os.path.join(tmp, "metrics.json"), "w") as f:
-                    json.dump(metrics, f)
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        else:
-            ray.train.report(metrics)
-
-
-def load_weights(model, checkpoint_dir: str):
-    """Load a checkpoint written by ``train_loop`` into ``model`` (used by the job to log the model)."""
-    import torch
-
-    state = torch.load(os.path.join(checkpoint_dir, "state.pt"), map_location="cpu")
-    model.load_state_dict(state["model"])
-    return model
+        emr_train.report_epoch(metrics, model=model, optimizer=optimizer, epoch=epoch)

@@ -1,8 +1,9 @@
 """Airflow 3 provider for data+AI training pipelines on Ray.
 
 Airflow side: ``hooks``, ``operators``, ``sensors``, ``triggers``, ``links`` (import fast, no bulk data).
-Cluster side: ``jobs`` (runs on Ray workers, never imports Airflow). Shared by both: ``storage``,
-``identity``, ``spec``. Embedded local services for the demo and tests: ``local``.
+Cluster side: ``jobs`` (runs on Ray workers, never imports Airflow) and ``train``, the public API for
+user training code. Shared by both: ``spec`` (the typed contract), ``storage``, ``identity``.
+The local stack for the demo and the tests is not part of this package (``devstack/`` in the repo).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ def get_provider_info() -> dict:
     return {
         "package-name": "emr-ray-provider",
         "name": "EMR Ray",
-        "description": "Ray (Jobs API), RayDP Spark, Ray Train, MLflow model registry and Tencent COS.",
+        "description": "Ray (Jobs API), RayDP Spark, Ray Train, MLflow model registry, Tencent COS and HDFS.",
         "versions": [__version__],
         "connection-types": [
             {
@@ -90,6 +91,7 @@ def get_provider_info() -> dict:
             {"integration-name": "Ray", "python-modules": ["emr_ray.hooks.ray"]},
             {"integration-name": "Tencent COS", "python-modules": ["emr_ray.hooks.cos"]},
             {"integration-name": "MLflow", "python-modules": ["emr_ray.hooks.mlflow"]},
+            {"integration-name": "HDFS", "python-modules": ["emr_ray.hooks.hdfs"]},
         ],
         "operators": [
             {
@@ -104,7 +106,10 @@ def get_provider_info() -> dict:
             {"integration-name": "Tencent COS", "python-modules": ["emr_ray.operators.cos"]},
         ],
         "sensors": [{"integration-name": "Tencent COS", "python-modules": ["emr_ray.sensors.cos"]}],
-        "triggers": [{"integration-name": "Tencent COS", "python-modules": ["emr_ray.triggers.cos"]}],
+        "triggers": [
+            {"integration-name": "Ray", "python-modules": ["emr_ray.triggers.ray"]},
+            {"integration-name": "Tencent COS", "python-modules": ["emr_ray.triggers.cos"]},
+        ],
         "extra-links": [
             "emr_ray.links.ray.RayJobLink",
             "emr_ray.links.mlflow.MLflowRunLink",

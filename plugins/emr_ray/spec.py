@@ -1,22 +1,259 @@
-"""The contract between the two sides: a small JSON job spec in, a small JSON result out.
+"""The contract between the two sides: a typed job spec in, a small JSON result out.
 
-The Airflow side encodes the spec into the job's entrypoint; the cluster side prints its result
-(and, on failure, its error) as one marked line in the job log, which the operator reads back
-through the Jobs API. That works on any cluster, with no shared filesystem between the sides.
-Secrets never go into a spec: they travel in the job's runtime_env environment.
+Operators build a spec (frozen dataclasses, validated on construction with a message that says how
+to fix the input, as Ray Train's config classes do), serialise it to JSON and encode it into the
+job's entrypoint; the cluster-side job decodes it back into the same classes and reads attributes.
+The job prints its result (and, on failure, its error) as one marked line in the job log, which the
+operator reads back through the Jobs API: that works on any cluster, with no shared filesystem.
+Secrets never go into a spec: they travel in the job's runtime_env environment (``COS_SECRET_ENV``).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import importlib
 import json
-from typing import Any
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from emr_ray import storage
 
 RESULT_MARKER = "EMR_RAY_RESULT "
 ERROR_MARKER = "EMR_RAY_ERROR "
 COS_SECRET_ENV = {"access_key": "EMR_RAY_COS_SECRET_ID", "secret_key": "EMR_RAY_COS_SECRET_KEY",
                   "session_token": "EMR_RAY_COS_TOKEN"}  # fmt: skip
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+SCORE_ORDERS = ("min", "max")
+
+S = TypeVar("S", bound="SpecPart")
+
+
+class SpecError(ValueError):
+    """A spec that cannot run: the message names the field and the fix."""
+
+
+class SpecPart:
+    """JSON round trip shared by every part of a spec: ``to_dict()`` and ``from_dict()``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls: type[S], data: dict[str, Any]) -> S:
+        """Build from JSON data; nested parts are built too, unknown keys are refused."""
+        if not isinstance(data, dict):
+            raise SpecError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}.")
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise SpecError(
+                f"{cls.__name__} has no field(s) {unknown}; known: {sorted(names)}. "
+                "The Airflow side and the cluster side run different versions of emr_ray: align them."
+            )
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for key, value in data.items():
+            hint = hints[key]
+            if isinstance(hint, type) and issubclass(hint, SpecPart) and isinstance(value, dict):
+                value = hint.from_dict(value)
+            values[key] = value
+        return cls(**values)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise SpecError(message)
+
+
+@dataclass(frozen=True)
+class StorageSection(SpecPart):
+    """The public storage settings a job needs (``cos``: endpoint and region; ``hdfs``: WebHDFS)."""
+
+    cos: dict[str, Any] | None = None
+    hdfs: dict[str, Any] | None = None
+
+    def options(self) -> storage.StorageOptions:
+        """The settings, with the COS secrets read from this process's environment (never the spec)."""
+        settings: dict[str, Any] = {**(self.cos or {})}
+        settings.update({k: v for k, v in (self.hdfs or {}).items() if v is not None})
+        settings.update({key: os.environ.get(env) for key, env in COS_SECRET_ENV.items()})
+        return storage.StorageOptions(**settings)
+
+
+@dataclass(frozen=True)
+class SparkSettings(SpecPart):
+    """``raydp.init_spark`` arguments."""
+
+    app_name: str
+    num_executors: int = 1
+    executor_cores: int = 1
+    executor_memory: str = "1g"
+    configs: dict[str, str] = field(default_factory=dict)
+    placement_group_strategy: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(
+            int(self.num_executors) >= 1 and int(self.executor_cores) >= 1,
+            "num_executors and executor_cores must be at least 1.",
+        )
+        _require(
+            self.placement_group_strategy in (None, *PLACEMENT_STRATEGIES),
+            f"placement_group_strategy={self.placement_group_strategy!r}: use one of "
+            f"{', '.join(PLACEMENT_STRATEGIES)} or None.",
+        )
+
+
+@dataclass(frozen=True)
+class SparkJobSpec(SpecPart):
+    """``emr_ray.jobs.spark``: preprocess one committed input partition into one output partition."""
+
+    partition: str
+    preprocess: str
+    input_uri: str
+    output_uri: str
+    spark: SparkSettings
+    config: dict[str, Any] = field(default_factory=dict)
+    validate_only: bool = False
+    identity: dict[str, str] = field(default_factory=dict)
+    storage: StorageSection = field(default_factory=StorageSection)
+
+    def __post_init__(self) -> None:
+        storage.validate_partition(self.partition)
+        _check_import_path("preprocess", self.preprocess)
+        for uri in (self.input_uri, self.output_uri):
+            storage.split_uri(uri)
+
+
+@dataclass(frozen=True)
+class ScalingSpec(SpecPart):
+    """Ray Train's ``ScalingConfig``, checked before any cluster work."""
+
+    num_workers: int = 2
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        _require(self.num_workers >= 1, f"num_workers={self.num_workers}: Ray Train needs at least 1 worker.")
+        _require(
+            self.placement_strategy in PLACEMENT_STRATEGIES,
+            f"placement_strategy={self.placement_strategy!r}: use one of {', '.join(PLACEMENT_STRATEGIES)}.",
+        )
+        resources = self.resources_per_worker or {}
+        _require(
+            not (self.use_gpu and resources.get("GPU", 1) == 0),
+            "use_gpu=True with resources_per_worker GPU=0: drop GPU from resources_per_worker.",
+        )
+        _require(
+            self.use_gpu or resources.get("GPU", 0) <= 0,
+            "resources_per_worker asks for GPUs but use_gpu=False: set use_gpu=True.",
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointSpec(SpecPart):
+    """Ray Train's ``CheckpointConfig``: how many checkpoints to keep and how to rank them."""
+
+    num_to_keep: int | None = 2
+    score_attribute: str = "test_loss"
+    score_order: str = "min"
+
+    def __post_init__(self) -> None:
+        _require(
+            self.score_order in SCORE_ORDERS,
+            f"score_order={self.score_order!r}: use 'min' (losses) or 'max' (accuracies).",
+        )
+        _require(
+            self.num_to_keep is None or self.num_to_keep >= 1,
+            f"num_to_keep={self.num_to_keep}: keep at least 1 checkpoint, or None to keep all.",
+        )
+
+
+@dataclass(frozen=True)
+class FailureSpec(SpecPart):
+    """Ray Train's ``FailureConfig``: worker-group restarts from the last checkpoint."""
+
+    max_failures: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.max_failures >= -1, f"max_failures={self.max_failures}: use -1 (unlimited) or more.")
+
+
+@dataclass(frozen=True)
+class MLflowSection(SpecPart):
+    """Where the training job logs (no credentials: those travel in the job's environment)."""
+
+    tracking_uri: str
+    experiment_name: str
+    registry_uri: str | None = None
+    artifact_location: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.tracking_uri), "The mlflow connection gives no tracking URI; set its host.")
+        _require(bool(self.experiment_name), "experiment_name is empty; name an MLflow experiment.")
+
+
+@dataclass(frozen=True)
+class TrainJobSpec(SpecPart):
+    """``emr_ray.jobs.train``: a Ray Train ``TorchTrainer`` fit over committed Parquet datasets."""
+
+    train_loop: str
+    datasets: dict[str, str]
+    run_name: str
+    storage_path: str
+    mlflow: MLflowSection
+    config: dict[str, Any] = field(default_factory=dict)
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    failure: FailureSpec = field(default_factory=FailureSpec)
+    identity: dict[str, str] = field(default_factory=dict)
+    storage: StorageSection = field(default_factory=StorageSection)
+
+    def __post_init__(self) -> None:
+        _check_import_path("train_loop", self.train_loop)
+        _require(
+            bool(self.datasets) and "train" in self.datasets,
+            "datasets must name a 'train' URI (and usually 'test').",
+        )
+        for uri in (*self.datasets.values(), self.storage_path):
+            storage.split_uri(uri)
+
+    @property
+    def epochs(self) -> int:
+        return int(self.config.get("epochs", 5))
+
+    @property
+    def model_module(self) -> str:
+        """The module of ``train_loop``: it also provides ``build_model(config)``."""
+        return self.train_loop.partition(":")[0]
+
+    def fingerprint_payload(self) -> dict[str, Any]:
+        """What makes two trainings the same, besides the exact input data."""
+        return {
+            "train_loop": self.train_loop,
+            "config": self.config,
+            "scaling": self.scaling.to_dict(),
+            "datasets": self.datasets,
+        }
+
+
+#: every typed spec an operator can build
+JobSpec = SparkJobSpec | TrainJobSpec
+
+
+def _check_import_path(name: str, path: str) -> None:
+    module, sep, attribute = str(path).partition(":")
+    _require(
+        bool(sep and module and attribute),
+        f"{name}={path!r} is not an import path like 'include.models.tabular:train_loop'.",
+    )
 
 
 def encode_spec(spec: dict[str, Any]) -> str:

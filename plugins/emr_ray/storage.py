@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 SUPPORTED_SCHEMES = ("file", "cos", "hdfs")
 SUCCESS_MARKER = "_SUCCESS"
 MANIFEST = "_manifest.json"
-_PARTITION_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_PARTITION_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # ASCII digits, matched whole
 #: the NameNode's HTTP port in Hadoop 3 (``dfs.namenode.http-address``)
 DEFAULT_WEBHDFS_PORT = 9870
 #: the same over HTTPS (``dfs.namenode.https-address``)
@@ -90,7 +90,7 @@ class StorageOptions:
 
 def validate_partition(partition: str) -> str:
     """Check a partition is an ISO date (``YYYY-MM-DD``) and return it."""
-    if not isinstance(partition, str) or not _PARTITION_RE.match(partition):
+    if not isinstance(partition, str) or not _PARTITION_RE.fullmatch(partition):
         raise StorageError(
             f"Partition {partition!r} is not a date like 2026-11-28; pass ds, e.g. '{{{{ ds }}}}'."
         )
@@ -159,11 +159,16 @@ def filesystem(uri: str, options: StorageOptions | None = None):
         return fs.LocalFileSystem()
     if scheme == "cos":
         opts = options or StorageOptions()
+        if not opts.region:
+            raise StorageError(
+                f"No COS region for {uri}: set 'region' (e.g. ap-guangzhou) in the extra of the cos "
+                "connection the task uses (cos_conn_id); COS signs every request for its region."
+            )
         return fs.S3FileSystem(
             access_key=opts.access_key,
             secret_key=opts.secret_key,
             session_token=opts.session_token,
-            region=opts.region or "ap-guangzhou",
+            region=opts.region,
             endpoint_override=opts.endpoint_override or f"cos.{opts.region}.myqcloud.com",
             scheme=opts.scheme,
             force_virtual_addressing=opts.force_virtual_addressing,

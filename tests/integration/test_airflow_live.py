@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from emr_ray.local.airflow import LocalAirflow
+from devstack.airflow import LocalAirflow
 from tests.fixtures.pipeline import GOOD, WEAK
 
 pytestmark = pytest.mark.integration

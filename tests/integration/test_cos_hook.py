@@ -8,9 +8,11 @@ import os
 
 import pytest
 
+from devstack.constants import BUCKET, SECRET_KEY
 from emr_ray.exceptions import COSError
-from emr_ray.hooks.cos import COSHook, file_etag, literal_prefix
-from tests.fixtures.cos import BUCKET, SECRET_KEY, cos_connection_json
+from emr_ray.hooks.cos import COSHook
+from emr_ray.hooks.cos_transfer import file_etag
+from tests.fixtures.cos import cos_connection_json
 
 pytestmark = pytest.mark.integration
 
@@ -23,55 +25,6 @@ def hook(cos_conn):
 def other_conn(monkeypatch, cos_server, conn_id: str, **extra) -> COSHook:
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", cos_connection_json(cos_server.endpoint, **extra))
     return COSHook(cos_conn_id=conn_id, retry_backoff=0.01, max_retries=2)
-
-
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("cos://b-1250000000/raw/a.txt", ("b-1250000000", "raw/a.txt")),
-        ("cosn://b-1250000000/x", ("b-1250000000", "x")),
-        ("cos://b-1250000000", ("b-1250000000", "")),
-    ],
-)
-def test_parse_cos_url(url, expected):
-    assert COSHook.parse_cos_url(url) == expected
-
-
-@pytest.mark.parametrize("url", ["s3://b/k", "cos:///k", "raw/a.txt"])
-def test_parse_cos_url_rejects(url):
-    with pytest.raises(COSError, match="cos://"):
-        COSHook.parse_cos_url(url)
-
-
-def test_resolve_relative_and_full_keys(hook):
-    assert hook.resolve("raw/a") == (BUCKET, "raw/a")  # the connection's default bucket
-    assert hook.resolve("raw/a", "other-1250000000") == ("other-1250000000", "raw/a")
-    assert hook.resolve("cos://x-1250000000/k") == ("x-1250000000", "k")
-    with pytest.raises(COSError, match="either a cos:// URL or a relative key"):
-        hook.resolve("cos://x-1250000000/k", "y-1250000000")
-
-
-@pytest.mark.parametrize(
-    ("pattern", "use_regex", "prefix"),
-    [
-        ("raw/dt=*/_SUCCESS", False, "raw/dt="),
-        ("raw/a?c", False, "raw/a"),
-        (r"^raw/part-\d+", True, "raw/part-"),
-        ("raw/ab?c", True, "raw/a"),
-        ("raw/a|raw/b", True, ""),
-    ],
-)
-def test_literal_prefix(pattern, use_regex, prefix):
-    assert literal_prefix(pattern, use_regex=use_regex) == prefix
-
-
-def test_missing_region_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_COS_NOREGION",
-        json.dumps({"conn_type": "cos", "login": "a", "password": "b", "extra": {}}),
-    )
-    with pytest.raises(COSError, match="no 'region'"):
-        _ = COSHook("cos_noregion").conn_config
 
 
 def test_test_connection(hook, cos_server, monkeypatch):
@@ -226,31 +179,3 @@ def test_pyarrow_options_read_what_the_hook_wrote(hook, cos_prefix):
     fs = pafs.S3FileSystem(**options)
     with fs.open_input_file(f"{BUCKET}/{cos_prefix}p.bin") as f:
         assert f.read() == b"abc"
-
-
-def test_real_cos_pyarrow_options(monkeypatch):
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_COS_REAL",
-        json.dumps(
-            {
-                "conn_type": "cos",
-                "login": "AKIDx",
-                "password": "k" * 12,
-                "extra": {"region": "ap-beijing", "token": "tok-abcdef"},
-            }
-        ),
-    )
-    options = COSHook("cos_real").pyarrow_s3_options()
-    assert options["endpoint_override"] == "cos.ap-beijing.myqcloud.com"
-    assert options["scheme"] == "https" and options["session_token"] == "tok-abcdef"
-    assert options["force_virtual_addressing"] is True
-
-
-def test_connection_form_metadata():
-    behaviour = COSHook.get_ui_field_behaviour()
-    assert behaviour["relabeling"] == {"login": "SecretId", "password": "SecretKey"}
-    from emr_ray import get_provider_info
-
-    (info,) = [c for c in get_provider_info()["connection-types"] if c["connection-type"] == "cos"]
-    assert info["hook-class-name"] == "emr_ray.hooks.cos.COSHook"
-    assert info["conn-fields"]["token"]["schema"]["format"] == "password"

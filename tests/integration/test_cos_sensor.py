@@ -7,11 +7,12 @@ import datetime as dt
 
 import pytest
 
+from devstack.constants import BUCKET, SECRET_KEY
 from emr_ray.exceptions import COSError
 from emr_ray.hooks.cos import COSHook
 from emr_ray.sensors.cos import COSSensor
 from emr_ray.triggers.cos import COSKeyTrigger
-from tests.fixtures.cos import BUCKET, SECRET_KEY, cos_connection_json
+from tests.fixtures.cos import cos_connection_json
 
 pytestmark = pytest.mark.integration
 
@@ -284,31 +285,6 @@ def test_dag_test_with_templated_key(hook, cos_conn, tmp_path, monkeypatch, caps
 # ---------------------------------------------------------------------- "keys unchanged for N seconds"
 
 QUIET = 2.0  # inactivity_period of the timed tests: short, but far above one poke's duration
-
-
-def test_check_unchanged_logic():
-    """The shared check, on a fake clock: any change restarts it; min_objects; seeding from LastModified."""
-    from emr_ray.hooks.cos import check_unchanged
-
-    a = {"Bucket": "b", "Key": "p/a", "Size": 1, "ETag": "e1", "LastModified": "2024-01-01T00:00:00+00:00"}
-    b = {"Bucket": "b", "Key": "p/b", "Size": 2, "ETag": "e2", "LastModified": "2024-01-01T00:00:10+00:00"}
-    kw = {"inactivity_period": 5, "min_objects": 2}
-    done, state, msg = check_unchanged([a], None, now=100, **kw)
-    assert not done and "fewer than min_objects=2" in msg
-    done, state, _ = check_unchanged([a, b], state, now=101, **kw)  # changed: clock restarts at 101
-    assert not done and state["since"] == 101
-    done, state, _ = check_unchanged([b, a], state, now=105.9, **kw)  # order does not matter
-    assert not done
-    done, state, msg = check_unchanged([a, b], state, now=106, **kw)
-    assert done and "unchanged for 5.0s" in msg
-    rewritten = dict(b, ETag="e3")
-    done, state, msg = check_unchanged([a, rewritten], state, now=200, **kw)
-    assert not done and "changed" in msg and state["since"] == 200
-    done, _, _ = check_unchanged([a], state, now=300, **kw)  # a deletion is a change too
-    assert not done
-    # no memory (reschedule): dated from the newest LastModified (00:00:10 UTC = 1704067210)
-    assert check_unchanged([a, b], None, now=1704067214, seed_from_last_modified=True, **kw)[0] is False
-    assert check_unchanged([a, b], None, now=1704067215, seed_from_last_modified=True, **kw)[0] is True
 
 
 def test_inactivity_arguments():

@@ -9,11 +9,11 @@ from unittest import mock
 
 import pytest
 
+from devstack.constants import BUCKET, REGION, SECRET_KEY
 from emr_ray.exceptions import COSError
 from emr_ray.hooks.cos import COSHook
 from emr_ray.links.cos import COSObjectLink
 from emr_ray.operators.cos import COSToLocalOperator, LocalToCOSOperator, local_dir
-from tests.fixtures.cos import BUCKET, REGION, SECRET_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -38,58 +38,6 @@ def tree(tmp_path):
 
 def md5(path) -> str:
     return hashlib.md5(open(path, "rb").read()).hexdigest()
-
-
-@pytest.mark.parametrize(
-    ("bucket", "region", "prefix", "expected"),
-    [
-        (
-            "data-1250000000",
-            "ap-guangzhou",
-            "raw/dt=2024-01-01/",
-            "https://console.cloud.tencent.com/cos/bucket?bucket=data-1250000000&region=ap-guangzhou"
-            "&path=raw/dt%3D2024-01-01/",
-        ),
-        (
-            "b-1",
-            "ap-beijing",
-            "",
-            "https://console.cloud.tencent.com/cos/bucket?bucket=b-1&region=ap-beijing&path=",
-        ),
-        (
-            "b-1",
-            "ap-beijing",
-            "a b&c/",
-            "https://console.cloud.tencent.com/cos/bucket?bucket=b-1&region=ap-beijing&path=a%20b%26c/",
-        ),
-    ],
-)
-def test_console_url(bucket, region, prefix, expected):
-    assert COSObjectLink.url(bucket, region, prefix) == expected
-
-
-@pytest.mark.parametrize(
-    ("keys", "folder"),
-    [
-        (["raw/dt=1/_SUCCESS"], "raw/dt=1/"),
-        (["raw/dt=1/part-0", "raw/dt=1/part-1"], "raw/dt=1/"),
-        (["raw/dt=1/a", "raw/dt=2/a"], "raw/"),
-        (["top"], ""),
-        ([], ""),
-    ],
-)
-def test_console_folder_of(keys, folder):
-    assert COSObjectLink.folder_of(keys) == folder
-
-
-def test_link_persist_and_get_link():
-    ti = mock.Mock()
-    url = COSObjectLink.persist({"ti": ti}, bucket="b-1", region="ap-beijing", prefix="x/")
-    ti.xcom_push.assert_called_once_with(key="_link_COSObjectLink", value=url)
-    assert COSObjectLink.persist({}, bucket="b-1", region="ap-beijing") is None  # no task instance
-    with mock.patch("airflow.sdk.execution_time.xcom.XCom.get_value", return_value=url) as get_value:
-        assert COSObjectLink().get_link(mock.Mock(), ti_key=mock.sentinel.key) == url
-    get_value.assert_called_once_with(ti_key=mock.sentinel.key, key="_link_COSObjectLink")
 
 
 def test_local_dir():

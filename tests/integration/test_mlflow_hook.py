@@ -1,18 +1,19 @@
-"""MLflowHook against real MLflow stores (embedded SQLite and, once, a real ``mlflow server``)."""
+"""MLflowHook against real MLflow stores (embedded SQLite and, once, a real ``mlflow server``).
+
+What needs no store (connection parsing, URLs, job settings, credentials) is in
+``tests/unit/hooks/test_mlflow.py``.
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
 
 from emr_ray.exceptions import MLflowRegistryError
-from emr_ray.hooks.mlflow import CREDENTIAL_ENV_VARS, MLflowHook
+from emr_ray.hooks.mlflow import MLflowHook
 from tests.fixtures.mlflow import MLflowStore, log_torch_run
 
 pytestmark = pytest.mark.integration
@@ -20,61 +21,6 @@ pytestmark = pytest.mark.integration
 
 def _set_conn(monkeypatch: pytest.MonkeyPatch, conn_id: str = "mlflow_default", **fields) -> None:
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "mlflow", **fields}))
-
-
-def test_import_does_not_load_mlflow() -> None:
-    code = (
-        "import sys, emr_ray.hooks.mlflow, emr_ray.operators.mlflow, emr_ray.links.mlflow;"
-        "bad = [m for m in ('mlflow', 'torch') if m in sys.modules]; assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
-
-
-def test_tracking_uri_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    _set_conn(monkeypatch, host="sqlite:////tmp/x/mlflow.db")
-    hook = MLflowHook()
-    assert hook.tracking_uri == hook.registry_uri == "sqlite:////tmp/x/mlflow.db"
-    assert hook.get_ui_url() is None
-
-    _set_conn(monkeypatch, "mlflow_bare", host="mlflow.internal", schema="https", port=8443)
-    hook = MLflowHook(mlflow_conn_id="mlflow_bare")
-    assert hook.tracking_uri == "https://mlflow.internal:8443"
-    assert hook.get_ui_url() == "https://mlflow.internal:8443"
-    assert hook.model_version_url("a/b", 3) == "https://mlflow.internal:8443/#/models/a%2Fb/versions/3"
-
-    _set_conn(monkeypatch, "mlflow_bad", host="mlflow.internal", schema="ftp")
-    with pytest.raises(MLflowRegistryError, match="set schema to http or https"):
-        _ = MLflowHook(mlflow_conn_id="mlflow_bad").tracking_uri
-
-
-def test_job_settings_and_credentials_never_leak(monkeypatch: pytest.MonkeyPatch) -> None:
-    _set_conn(
-        monkeypatch,
-        host="http://127.0.0.1:5999",
-        login="alice",
-        password="s3cret",
-        extra={"token": "tok-123", "registry_uri": "http://127.0.0.1:6000", "ui_url": "http://ui/"},
-    )
-    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "someone-else")
-    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
-    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
-    hook = MLflowHook()
-    settings = hook.job_settings()
-    assert settings["tracking_uri"] == "http://127.0.0.1:5999"
-    assert settings["registry_uri"] == "http://127.0.0.1:6000"
-    assert settings["requires_credentials"] is True
-    assert "s3cret" not in json.dumps(settings) and "tok-123" not in json.dumps(settings)
-    assert hook.get_ui_url() == "http://ui"
-
-    before = {k: os.environ.get(k) for k in CREDENTIAL_ENV_VARS}
-    with hook.credentials():
-        assert os.environ["MLFLOW_TRACKING_USERNAME"] == "alice"
-        assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret"
-        assert os.environ["MLFLOW_TRACKING_TOKEN"] == "tok-123"
-    assert {k: os.environ.get(k) for k in CREDENTIAL_ENV_VARS} == before
-    with pytest.raises(RuntimeError), hook.credentials():
-        raise RuntimeError("boom")
-    assert {k: os.environ.get(k) for k in CREDENTIAL_ENV_VARS} == before
 
 
 def test_test_connection(mlflow_conn: MLflowStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,9 +32,6 @@ def test_test_connection(mlflow_conn: MLflowStore, monkeypatch: pytest.MonkeyPat
     _set_conn(monkeypatch, "mlflow_down", host="http://127.0.0.1:9")
     ok, message = MLflowHook(mlflow_conn_id="mlflow_down").test_connection()
     assert not ok and "Cannot reach MLflow" in message
-    _set_conn(monkeypatch, "mlflow_empty", host="")
-    ok, message = MLflowHook(mlflow_conn_id="mlflow_empty").test_connection()
-    assert not ok and "has no host" in message
 
 
 def test_experiment_and_model_source(mlflow_conn: MLflowStore) -> None:
@@ -106,6 +49,46 @@ def test_experiment_and_model_source(mlflow_conn: MLflowStore) -> None:
         hook.resolve_model_source(run, "weights")
     with pytest.raises(MLflowRegistryError, match="not found"):
         hook.get_run("f" * 32)
+
+
+def test_registry_methods_register_alias_and_load(mlflow_conn: MLflowStore) -> None:
+    """The hook's registry calls, one after the other, the way the operator and the scoring DAG use them."""
+    import mlflow
+
+    default_uri = mlflow.get_tracking_uri()
+    hook = MLflowHook()
+    name = "hook_registry_model"
+    run_id = log_torch_run(mlflow_conn, experiment="hook_registry", test_accuracy=0.75, seed=4)
+    assert hook.get_metric_of_run(run_id, "test_accuracy") == pytest.approx(0.75)
+    assert hook.get_metric_of_run(run_id, "auc") is None
+
+    assert hook.ensure_registered_model(name) is True
+    assert hook.ensure_registered_model(name) is False
+    assert hook.find_version_from_run(name, run_id, "model") is None
+    source, model_id = hook.resolve_model_source(hook.get_run(run_id), "model")
+    assert model_id is not None
+    mv = hook.create_model_version(
+        name, source=source, run_id=run_id, tags={"artifact_path": "model", "partition": "2026-11-02"},
+        model_id=model_id,
+    )  # fmt: skip
+    assert hook.link_logged_model(model_id, name, mv.version) is True
+    found = hook.find_version_from_run(name, run_id, "model")
+    assert found is not None and str(found.version) == str(mv.version) == "1"
+    assert hook.find_version_from_run(name, run_id, "other_name") is None
+
+    hook.set_alias(name, "challenger", mv.version)
+    hook.set_alias(name, "champion", mv.version)
+    assert hook.get_aliases(name) == {"challenger": "1", "champion": "1"}
+    assert hook.aliases_of_version(name, 1) == ["challenger", "champion"]
+    assert hook.get_model_version(name, 1).run_id == run_id
+    champion = hook.get_model_version_by_alias(name, "champion")
+    assert champion.tags["partition"] == "2026-11-02"
+
+    import numpy as np
+
+    model = hook.load_pyfunc_model(name, champion.version)
+    assert np.asarray(model.predict(np.ones((2, 4), dtype=np.float32))).shape == (2, 2)
+    assert mlflow.get_tracking_uri() == default_uri  # loading left MLflow's process default alone
 
 
 def test_against_real_mlflow_server(mlflow_server: MLflowStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,6 +120,11 @@ def test_against_real_mlflow_server(mlflow_server: MLflowStore, monkeypatch: pyt
 
     with use_tracking_uri(mlflow_server.tracking_uri):
         model = mlflow.pyfunc.load_model("models:/server_model@champion")
+    assert model.predict(np.ones((2, 4), dtype=np.float32)).shape == (2, 2)
+    # The hook's own path (the scoring DAG's): alias to version, then proxied artifacts over HTTP.
+    champion = hook.get_model_version_by_alias("server_model", "champion")
+    assert str(champion.version) == "2"
+    model = hook.load_pyfunc_model("server_model", champion.version)
     assert model.predict(np.ones((2, 4), dtype=np.float32)).shape == (2, 2)
 
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from devstack.ray_head import add_worker_node
 from emr_ray.hooks.ray import RayHook
-from emr_ray.local.ray_head import add_worker_node
 from emr_ray.operators.ray import RayJobOperator
 from tests.integration.test_ray_jobs import FakeTaskInstance
 

@@ -124,7 +124,7 @@ def test_retry_reattaches_to_the_running_job_instead_of_submitting_again(ray_con
     op = RayJobOperator(task_id="echo", spec={"payload": "once", "sleep_seconds": 3}, poll_interval=0.5)
     # The first try submitted its job, then its Airflow worker died.
     identity = TaskIdentity.from_context({"ti": first})
-    op._reattach_or_submit(identity, op.build_spec({}, identity), {})
+    op._reattach_or_submit(identity, op.job_payload({}, identity), {})
     retry = FakeTaskInstance("echo", try_number=2, run_id=first.run_id)
     assert op.execute({"ti": retry}) == {"echo": "once"}
     assert hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id()) is None
@@ -135,7 +135,7 @@ def test_on_kill_stops_the_job(ray_conn):
     ti = FakeTaskInstance("echo")
     op = RayJobOperator(task_id="echo", spec={"sleep_seconds": 60}, poll_interval=0.5)
     identity = TaskIdentity.from_context({"ti": ti})
-    op._submission_id = op._reattach_or_submit(identity, op.build_spec({}, identity), {})
+    op._submission_id = op._reattach_or_submit(identity, op.job_payload({}, identity), {})
     wait_for(hook, op._submission_id, {"RUNNING"})
     op.on_kill()
     assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
@@ -205,7 +205,7 @@ def test_execution_timeout_while_deferred_stops_the_job(ray_conn):
 
 def test_auto_address_finds_the_local_head_and_its_token(ray_cluster, monkeypatch):
     """As on an EMR node: the Airflow worker runs beside the head and finds it like ray.init("auto")."""
-    from emr_ray.local.ray_head import cluster_env
+    from devstack.ray_head import cluster_env
 
     env = cluster_env(ray_cluster.state_dir)
     monkeypatch.setenv("RAY_TMPDIR", env["RAY_TMPDIR"])

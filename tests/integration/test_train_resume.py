@@ -107,7 +107,7 @@ def test_airflow_retry_resumes_from_the_latest_checkpoint(ray_conn, mlflow_conn,
     first = FakeTaskInstance("train", try_number=1)
     op = make_operator(staged, tmp_path)
     identity = TaskIdentity.from_context({"ti": first})
-    op._submission_id = op._reattach_or_submit(identity, op.build_spec({"ds": "2026-11-05"}, identity), {})
+    op._submission_id = op._reattach_or_submit(identity, op.job_payload({"ds": "2026-11-05"}, identity), {})
     wait_for_reported_epoch(
         Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name, mlflow_conn.tracking_uri
     )

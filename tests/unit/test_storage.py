@@ -95,3 +95,14 @@ def test_rerun_replaces_the_partition_cleanly(tmp_path):
 def test_uncommitted_partition_is_refused_with_the_fix(tmp_path):
     with pytest.raises(storage.StorageError, match="not committed .*rerun the task"):
         storage.read_manifest(f"file://{tmp_path}/nothing/dt=2026-11-02")
+
+
+def test_a_cos_uri_without_a_region_fails_naming_the_field_not_a_made_up_host():
+    with pytest.raises(storage.StorageError, match="No COS region for cos://b-125/raw: set 'region'"):
+        storage.filesystem("cos://b-125/raw", storage.StorageOptions(endpoint_override=None))
+
+
+@pytest.mark.parametrize("bad", ["2026-11-02\n", "２０２６-11-02", "2026-11-2", " 2026-11-02"])
+def test_a_partition_must_be_an_iso_date_and_nothing_else(bad):
+    with pytest.raises(storage.StorageError, match="is not a date like 2026-11-28"):
+        storage.validate_partition(bad)

@@ -6,27 +6,35 @@ local stand-in; the production Host header is kept), ``token`` (session token). 
 
     AIRFLOW_CONN_COS_DEFAULT='{"conn_type": "cos", "login": "AKID...", "password": "...",
         "extra": {"region": "ap-guangzhou", "bucket": "data-1250000000"}}'
+
+The hook owns the connection, the cached SDK client and the object operations; beside it live
+:mod:`~emr_ray.hooks.cos_config` (the connection's fields, checked), :mod:`~emr_ray.hooks.cos_errors`
+(retries, and messages that name the fix), :mod:`~emr_ray.hooks.cos_keys` (the sensor's matcher),
+:mod:`~emr_ray.hooks.cos_unchanged` (the "unchanged" check) and :mod:`~emr_ray.hooks.cos_transfer`
+(uploads and downloads with their checksums).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
-import logging
-import os
-import random
 import re
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from datetime import UTC
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
 
 from emr_ray.exceptions import COSError
+from emr_ray.hooks import cos_transfer
+from emr_ray.hooks.cos_config import COSConnectionConfig
+from emr_ray.hooks.cos_errors import (
+    call_with_retries,
+    mask_secret,
+    quiet_sdk_logging,
+    redact,
+    service_status,
+    where,
+)
+from emr_ray.hooks.cos_keys import compile_pattern, literal_prefix
 
 if TYPE_CHECKING:
     from qcloud_cos import CosS3Client
@@ -34,61 +42,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 COS_URL_SCHEMES = ("cos", "cosn")
-#: Error codes COS answers for throttling or a transient server fault: retried with backoff.
-RETRYABLE_CODES = frozenset(
-    {"SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError", "RequestRateLimited"}
-)
-_MB = 1024 * 1024
-_REGEX_META = set(".^$*+?{}[]\\|()")
-
-
-@dataclass(frozen=True)
-class COSConnectionConfig:
-    """What a ``cos`` connection says, validated; the secrets never appear in its repr."""
-
-    conn_id: str
-    region: str
-    secret_id: str | None
-    secret_key: str | None = field(repr=False)
-    token: str | None = field(default=None, repr=False)
-    bucket: str | None = None
-    scheme: str = "https"
-    endpoint: str | None = None
-    timeout: int = 60
-
-    def __post_init__(self) -> None:
-        if not self.region:
-            raise COSError(
-                f"Connection {self.conn_id!r} has no 'region' in its extra: add one, "
-                'e.g. {"region": "ap-guangzhou"}.'
-            )
-        if self.scheme not in ("http", "https"):
-            raise COSError(
-                f"Connection {self.conn_id!r} has scheme {self.scheme!r}: use 'https' (or 'http' for a "
-                "local endpoint)."
-            )
-        if bool(self.secret_id) != bool(self.secret_key):
-            raise COSError(
-                f"Connection {self.conn_id!r} has a SecretId without a SecretKey or the reverse: set both "
-                "login (SecretId) and password (SecretKey)."
-            )
-        if self.endpoint is not None:
-            host, _, port = self.endpoint.rpartition(":") if ":" in self.endpoint else (self.endpoint, "", "")
-            if not host or (port and not port.isdigit()):
-                raise COSError(
-                    f"Connection {self.conn_id!r} has endpoint {self.endpoint!r}: use 'host' or 'host:port', "
-                    "e.g. '127.0.0.1:9000'."
-                )
-
-    @property
-    def endpoint_host_port(self) -> tuple[str, int | None]:
-        """The endpoint split into host and port (port None: the scheme's default)."""
-        if self.endpoint is None:
-            raise COSError(f"Connection {self.conn_id!r} has no 'endpoint' extra.")
-        if ":" in self.endpoint:
-            host, port = self.endpoint.rsplit(":", 1)
-            return host, int(port)
-        return self.endpoint, None
 
 
 class COSHook(BaseHook):
@@ -130,23 +83,9 @@ class COSHook(BaseHook):
         extra = conn.extra_dejson
         for secret in (conn.password, extra.get("token")):
             if secret:
-                _mask_secret(secret)
-        endpoint = extra.get("endpoint") or None
-        scheme = extra.get("scheme") or None
-        if endpoint and "://" in endpoint:
-            endpoint_scheme, endpoint = endpoint.split("://", 1)
-            scheme = scheme or endpoint_scheme
-            endpoint = endpoint.rstrip("/")
-        return COSConnectionConfig(
-            conn_id=self.cos_conn_id,
-            region=extra.get("region") or "",
-            secret_id=conn.login or None,
-            secret_key=conn.password or None,
-            token=extra.get("token") or None,
-            bucket=extra.get("bucket") or None,
-            scheme=scheme or "https",
-            endpoint=endpoint,
-            timeout=int(extra.get("timeout") or 60),
+                mask_secret(secret)
+        return COSConnectionConfig.from_connection(
+            self.cos_conn_id, login=conn.login, password=conn.password, extra=extra
         )
 
     @cached_property
@@ -167,7 +106,7 @@ class COSHook(BaseHook):
         if cfg.endpoint:
             # IP/Port: send to this address but keep the production Host header and signature
             kwargs["IP"], kwargs["Port"] = cfg.endpoint_host_port
-        _quiet_sdk_logging()
+        quiet_sdk_logging()
         return CosS3Client(CosConfig(**kwargs), retry=0)
 
     def get_conn(self) -> CosS3Client:
@@ -227,78 +166,30 @@ class COSHook(BaseHook):
             )
         return default, key
 
+    def _bucket(self, bucket_name: str | None) -> str:
+        """``bucket_name``, or the connection's default bucket."""
+        bucket = bucket_name or self.conn_config.bucket
+        if not bucket:
+            raise COSError(f"No bucket: pass bucket_name or set 'bucket' in connection {self.cos_conn_id!r}.")
+        return bucket
+
     # ------------------------------------------------------------------ calls with retries
 
     def _call(
         self, action: str, fn: Callable[..., T], *, bucket: str, key: str | None = None, **kw: Any
     ) -> T:
-        """Run one SDK call: retry what is transient, turn the rest into a :class:`COSError`."""
-        from qcloud_cos.cos_exception import CosClientError, CosServiceError
-
-        attempt = 0
-        while True:
-            try:
-                return fn(**kw)
-            except CosServiceError as e:
-                retryable = _service_error_is_transient(e)
-                if not retryable or attempt >= self.max_retries:
-                    raise COSError(self._describe(action, bucket, key, e)) from e
-                reason = f"{e.get_status_code()} {e.get_error_code()}"
-            except CosClientError as e:
-                if not _client_error_is_transient(e) or attempt >= self.max_retries:
-                    raise COSError(self._describe(action, bucket, key, e)) from e
-                reason = _short(str(e))
-            delay = min(self.retry_backoff * (2**attempt), 30.0) * random.uniform(0.8, 1.2)
-            attempt += 1
-            self.log.warning(
-                "COS %s on %s failed (%s); retry %d/%d in %.1fs",
-                action,
-                _where(bucket, key),
-                reason,
-                attempt,
-                self.max_retries,
-                delay,
-            )
-            time.sleep(delay)
-
-    def _describe(self, action: str, bucket: str, key: str | None, e: Exception) -> str:
-        """A message that names the object, COS's answer and the fix, never the SecretKey."""
-        from qcloud_cos.cos_exception import CosServiceError
-
-        cfg = self.conn_config
-        conn = self.cos_conn_id
-        where = _where(bucket, key)
-        if not isinstance(e, CosServiceError):
-            target = cfg.endpoint or f"{bucket}.cos.{cfg.region}.myqcloud.com"
-            return (
-                f"COS {action} on {where} failed: cannot reach {target} ({_short(str(e))}); check the "
-                f"network, and the 'region'/'endpoint' extra of connection {conn!r}."
-            )
-        status, code = e.get_status_code(), e.get_error_code()
-        secret_id = _abbreviate(cfg.secret_id)
-        hints = {
-            "NoSuchBucket": f"bucket {bucket!r} does not exist in region {cfg.region!r}: check the bucket name "
-            f"(with its -APPID suffix) and the 'region' extra of connection {conn!r}",
-            "NoSuchKey": "no such object: check the key",
-            "NoSuchResource": "no such object: check the key",
-            "InvalidAccessKeyId": f"COS does not know SecretId {secret_id}: check the login of connection "
-            f"{conn!r}",
-            "SignatureDoesNotMatch": f"the SecretKey does not match SecretId {secret_id}: check the password "
-            f"of connection {conn!r}",
-            "AccessDenied": f"the credentials of connection {conn!r} lack permission on {where}: grant it in "
-            "CAM or the bucket policy",
-            "ExpiredToken": f"the session token expired: refresh the 'token' extra of connection {conn!r}",
-            "InvalidToken": f"the session token is invalid: refresh the 'token' extra of connection {conn!r}",
-            "RequestTimeTooSkewed": "this machine's clock is off by more than 15 minutes: sync it (NTP)",
-            "EntityTooSmall": "a multipart part is below COS's 1 MB minimum: use a larger part size",
-        }
-        hint = hints.get(code)
-        if hint is None and status == 403:
-            hint = f"access denied: check the credentials and permissions of connection {conn!r}"
-        if hint is None and status >= 500:
-            hint = f"COS kept failing after {self.max_retries} retries: try again later"
-        message = e.get_error_msg() if isinstance(e.get_digest_msg(), dict) else "no error details"
-        return f"COS {action} on {where} failed: {status} {code}: {hint or message}."
+        """Run one SDK call with this hook's retries; a failure becomes a :class:`COSError` naming the fix."""
+        return call_with_retries(
+            action,
+            fn,
+            bucket=bucket,
+            key=key,
+            config=self.conn_config,
+            max_retries=self.max_retries,
+            retry_backoff=self.retry_backoff,
+            log=self.log,
+            **kw,
+        )
 
     # ------------------------------------------------------------------ objects
 
@@ -309,29 +200,21 @@ class COSHook(BaseHook):
 
         Without this, a wrong SecretId or SecretKey would read "403 Unknown" on every sensor poke.
         """
-        from qcloud_cos.cos_exception import CosServiceError
-
         try:
             return self._call(action, fn, bucket=bucket, key=key, **kw)
         except COSError as e:
-            cause = e.__cause__
-            if not (isinstance(cause, CosServiceError) and cause.get_status_code() == 403):
+            if service_status(e) != 403:
                 raise
             self._call(action, self.conn.list_objects, bucket=bucket, key=key, Bucket=bucket, MaxKeys=1)
             raise  # the listing was allowed: the HEAD itself is denied
 
     def check_for_bucket(self, bucket_name: str | None = None) -> bool:
         """Whether the bucket exists (and these credentials may see it)."""
-        from qcloud_cos.cos_exception import CosServiceError
-
-        bucket = bucket_name or self.conn_config.bucket
-        if not bucket:
-            raise COSError(f"No bucket: pass bucket_name or set 'bucket' in connection {self.cos_conn_id!r}.")
+        bucket = self._bucket(bucket_name)
         try:
             self._head("head bucket", self.conn.head_bucket, bucket=bucket, Bucket=bucket)
         except COSError as e:
-            cause = e.__cause__
-            if isinstance(cause, CosServiceError) and cause.get_status_code() == 404:
+            if service_status(e) == 404:
                 return False
             raise
         return True
@@ -342,16 +225,13 @@ class COSHook(BaseHook):
         :param key: a ``cos://bucket/key`` URL or a key relative to ``bucket_name``.
         :raises COSError: when the bucket itself is missing, or on any other failure.
         """
-        from qcloud_cos.cos_exception import CosServiceError
-
         bucket, key = self.resolve(key, bucket_name)
         try:
             headers = self._head(
                 "head", self.conn.head_object, bucket=bucket, key=key, Bucket=bucket, Key=key
             )
         except COSError as e:
-            cause = e.__cause__
-            if not (isinstance(cause, CosServiceError) and cause.get_status_code() == 404):
+            if service_status(e) != 404:
                 raise
             # a HEAD 404 has no body: tell a missing key from a missing bucket
             if not self.check_for_bucket(bucket):
@@ -371,9 +251,7 @@ class COSHook(BaseHook):
         self, bucket_name: str | None = None, prefix: str = "", delimiter: str = "", page_size: int = 1000
     ) -> Iterator[dict[str, Any]]:
         """Every object under ``prefix``, page by page: dicts with ``Key``, ``Size`` (int), ``ETag``, ``LastModified``."""
-        bucket = bucket_name or self.conn_config.bucket
-        if not bucket:
-            raise COSError(f"No bucket: pass bucket_name or set 'bucket' in connection {self.cos_conn_id!r}.")
+        bucket = self._bucket(bucket_name)
         marker = ""
         while True:
             page = self._call(
@@ -418,7 +296,7 @@ class COSHook(BaseHook):
         if "://" in pattern:
             bucket_name, pattern = self.resolve(pattern, bucket_name)
         prefix = literal_prefix(pattern, use_regex=use_regex)
-        matcher = _compile(pattern, use_regex)
+        matcher = compile_pattern(pattern, use_regex)
         return [obj for obj in self.iter_objects(bucket_name, prefix) if matcher(obj["Key"])]
 
     def get_matching_keys(
@@ -437,137 +315,14 @@ class COSHook(BaseHook):
         """The object's content as text."""
         return self.load_bytes(key, bucket_name).decode(encoding)
 
-    def upload_bytes(
-        self,
-        data: bytes | str,
-        key: str,
-        bucket_name: str | None = None,
-        *,
-        replace: bool = True,
-        metadata: dict[str, str] | None = None,
-    ) -> str:
-        """Write ``data`` to one object (MD5 sent and checked by COS); returns its ETag.
-
-        :param metadata: user metadata, stored as ``x-cos-meta-<name>``.
-        :param replace: when False, an existing object is an error.
-        """
-        bucket, key = self.resolve(key, bucket_name)
-        payload = data.encode() if isinstance(data, str) else data
-        if not replace and self.check_for_key(key, bucket):
-            raise COSError(f"{_where(bucket, key)} already exists: pass replace=True to overwrite it.")
-        response = self._call(
-            "put",
-            self.conn.put_object,
-            bucket=bucket,
-            key=key,
-            Bucket=bucket,
-            Key=key,
-            Body=payload,
-            EnableMD5=True,
-            Metadata=_meta_headers(metadata),
-        )
-        etag = response.get("ETag", "").strip('"')
-        expected = hashlib.md5(payload).hexdigest()
-        if etag and "-" not in etag and etag != expected:
-            raise COSError(
-                f"Checksum mismatch after writing {_where(bucket, key)}: sent MD5 {expected}, COS has {etag}."
-            )
-        return etag
-
-    def upload_file(
-        self,
-        filename: str | os.PathLike[str],
-        key: str,
-        bucket_name: str | None = None,
-        *,
-        replace: bool = True,
-        part_size_mb: int = 8,
-        max_threads: int = 4,
-        metadata: dict[str, str] | None = None,
-    ) -> str:
-        """Upload a local file: one PUT up to ``part_size_mb``, multipart above; the checksum is verified.
-
-        :param part_size_mb: multipart part size in MB (COS's minimum is 1).
-        :return: the object's ETag.
-        """
-        bucket, key = self.resolve(key, bucket_name)
-        path = os.fspath(filename)
-        if part_size_mb < 1:
-            raise COSError(f"part_size_mb={part_size_mb}: COS's smallest multipart part is 1 MB.")
-        if not os.path.isfile(path):
-            raise COSError(f"Cannot upload {path!r} to {_where(bucket, key)}: no such local file.")
-        if not replace and self.check_for_key(key, bucket):
-            raise COSError(f"{_where(bucket, key)} already exists: pass replace=True to overwrite it.")
-        size = os.path.getsize(path)
-        self.log.info("Uploading %s (%d bytes) to %s", path, size, _where(bucket, key))
-        response = self._call(
-            "upload",
-            self.conn.upload_file,
-            bucket=bucket,
-            key=key,
-            Bucket=bucket,
-            Key=key,
-            LocalFilePath=path,
-            PartSize=part_size_mb,
-            MAXThread=max_threads,
-            EnableMD5=True,
-            progress_callback=_ProgressLogger(self.log, f"upload to {_where(bucket, key)}"),
-            Metadata=_meta_headers(metadata),
-        )
-        etag = str(response.get("ETag", "")).strip('"')
-        expected = file_etag(path, part_size_mb * _MB) if size > part_size_mb * _MB else _md5_file(path)
-        if etag and etag != expected:
-            raise COSError(
-                f"Checksum mismatch after uploading {path!r} to {_where(bucket, key)}: expected ETag "
-                f"{expected}, COS has {etag}. Upload again."
-            )
-        self.log.info("Uploaded %s to %s (ETag %s verified)", path, _where(bucket, key), etag)
-        return etag
-
-    def download_file(
-        self,
-        key: str,
-        local_path: str | os.PathLike[str],
-        bucket_name: str | None = None,
-        *,
-        part_size_mb: int = 20,
-        max_threads: int = 4,
-    ) -> str:
-        """Download an object to ``local_path`` (ranged, parallel above ``part_size_mb``); size and MD5 checked.
-
-        :return: the local path.
-        """
-        bucket, key = self.resolve(key, bucket_name)
-        path = os.fspath(local_path)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self._call(
-            "download",
-            self.conn.download_file,
-            bucket=bucket,
-            key=key,
-            Bucket=bucket,
-            Key=key,
-            DestFilePath=path,
-            PartSize=part_size_mb,
-            MAXThread=max_threads,
-            progress_callback=_ProgressLogger(self.log, f"download of {_where(bucket, key)}"),
-        )
-        head = self.head_object(key, bucket) or {}
-        expected_size = int(head.get("Content-Length", -1))
-        etag = head.get("ETag", "").strip('"')
-        if expected_size >= 0 and os.path.getsize(path) != expected_size:
-            raise COSError(f"Download of {_where(bucket, key)} to {path!r} is truncated: download it again.")
-        if etag and "-" not in etag and _md5_file(path) != etag:
-            raise COSError(
-                f"Checksum mismatch downloading {_where(bucket, key)} to {path!r}: download it again."
-            )
-        return path
+    # uploads and downloads, every byte checked: functions of emr_ray.hooks.cos_transfer, bound as methods
+    upload_bytes = cos_transfer.upload_bytes
+    upload_file = cos_transfer.upload_file
+    download_file = cos_transfer.download_file
 
     def delete_objects(self, keys: Iterable[str], bucket_name: str | None = None) -> int:
         """Delete these keys (batches of 1000); returns how many were deleted."""
-        bucket = bucket_name or self.conn_config.bucket
-        if not bucket:
-            raise COSError(f"No bucket: pass bucket_name or set 'bucket' in connection {self.cos_conn_id!r}.")
+        bucket = self._bucket(bucket_name)
         batch: list[str] = []
         deleted = 0
         for key in keys:
@@ -609,7 +364,7 @@ class COSHook(BaseHook):
             )
         count = self.delete_objects(self.list_keys(bucket_name, prefix), bucket_name)
         self.log.info(
-            "Deleted %d objects under %s", count, _where(bucket_name or self.conn_config.bucket or "", prefix)
+            "Deleted %d objects under %s", count, where(bucket_name or self.conn_config.bucket or "", prefix)
         )
         return count
 
@@ -627,7 +382,7 @@ class COSHook(BaseHook):
             self._call("list buckets", self.conn.list_buckets, bucket="*")
             return True, f"Connected to COS in region {cfg.region!r}."
         except Exception as e:
-            return False, _redact(str(e), self.__dict__.get("conn_config"))
+            return False, redact(str(e), self.__dict__.get("conn_config"))
 
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
@@ -660,342 +415,3 @@ class COSHook(BaseHook):
                 "endpoint": "cos.internal.example:443 (optional)",
             },
         }
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def literal_prefix(pattern: str, *, use_regex: bool = False) -> str:
-    """The literal start of a wildcard or regex pattern: the listing prefix that cannot miss a match."""
-    specials = _REGEX_META if use_regex else set("*?[")
-    if use_regex and "|" in pattern:
-        return ""  # an alternation may start anywhere
-    if use_regex and pattern.startswith("^"):
-        pattern = pattern[1:]
-    prefix: list[str] = []
-    for char in pattern:
-        if char in specials:
-            if use_regex and char in "*?{" and prefix:
-                prefix.pop()  # the previous char is optional or repeated
-            break
-        prefix.append(char)
-    return "".join(prefix)
-
-
-def _compile(pattern: str, use_regex: bool) -> Callable[[str], bool]:
-    if use_regex:
-        try:
-            compiled = re.compile(pattern)
-        except re.error as e:
-            raise COSError(f"Invalid regex {pattern!r}: {e}.") from e
-        return lambda key: compiled.match(key) is not None
-    return lambda key: fnmatch.fnmatchcase(key, pattern)
-
-
-def _service_error_is_transient(e: Any) -> bool:
-    status = e.get_status_code()
-    return status >= 500 or status == 429 or e.get_error_code() in RETRYABLE_CODES
-
-
-def _client_error_is_transient(e: BaseException) -> bool:
-    """Network errors and timeouts (the SDK wraps them in CosClientError) are worth a retry."""
-    import requests
-
-    cause = e.__cause__ or e.__context__
-    return isinstance(cause, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError))
-
-
-def _where(bucket: str, key: str | None) -> str:
-    return f"cos://{bucket}/{key}" if key else f"cos://{bucket}"
-
-
-def _short(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _abbreviate(secret_id: str | None) -> str:
-    if not secret_id:
-        return "(anonymous)"
-    return repr(secret_id[:8] + "..." if len(secret_id) > 12 else secret_id)
-
-
-def _redact(text: str, cfg: COSConnectionConfig | None) -> str:
-    if cfg is not None:
-        for secret in (cfg.secret_key, cfg.token):
-            if secret:
-                text = text.replace(secret, "***")
-    return text
-
-
-class _DropHeadMisses(logging.Filter):
-    """The SDK warns on every HEAD 404, i.e. on every unsuccessful sensor poke: drop those."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.msg
-        return not (isinstance(msg, dict) and msg.get("code") == "NoSuchResource")
-
-
-_SDK_LOGGING_SET = False
-
-
-def _quiet_sdk_logging() -> None:
-    """The SDK logs each request at INFO and each missing key at WARNING; keep task logs readable.
-
-    Only touches loggers nobody configured (level NOTSET), so a user's own setting wins.
-    """
-    global _SDK_LOGGING_SET
-    if _SDK_LOGGING_SET:
-        return
-    _SDK_LOGGING_SET = True
-    sdk_log = logging.getLogger("qcloud_cos")
-    if sdk_log.level == logging.NOTSET:
-        sdk_log.setLevel(logging.WARNING)
-    logging.getLogger("qcloud_cos.cos_client").addFilter(_DropHeadMisses())
-
-
-def _mask_secret(secret: str) -> None:
-    try:
-        from airflow.sdk.log import mask_secret
-    except ImportError:  # pragma: no cover - older task SDKs
-        from airflow.sdk.execution_time.secrets_masker import mask_secret  # type: ignore[no-redef]
-    mask_secret(secret)
-
-
-def _meta_headers(metadata: dict[str, str] | None) -> dict[str, str]:
-    return {
-        (name if name.lower().startswith("x-cos-meta-") else f"x-cos-meta-{name}"): str(value)
-        for name, value in (metadata or {}).items()
-    }
-
-
-def _md5_file(path: str, chunk: int = 4 * _MB) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_etag(path: str, part_size: int) -> str:
-    """The ETag COS gives a multipart upload of ``path`` in ``part_size`` parts: MD5 of the part MD5s, ``-N``."""
-    digests = []
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(part_size), b""):
-            digests.append(hashlib.md5(block).digest())
-    if len(digests) <= 1:
-        return _md5_file(path)
-    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
-
-
-class _ProgressLogger:
-    """The SDK's progress callback (called from its worker threads): logs every 10% or 30 s."""
-
-    def __init__(self, logger: Any, what: str) -> None:
-        self.logger = logger
-        self.what = what
-        self.lock = threading.Lock()
-        self.last_decile = -1
-        self.last_time = time.monotonic()
-
-    def __call__(self, consumed: int, total: int) -> None:
-        if total <= 0:
-            return
-        with self.lock:
-            decile = consumed * 10 // total
-            now = time.monotonic()
-            if decile > self.last_decile or now - self.last_time > 30:
-                self.last_decile, self.last_time = decile, now
-                self.logger.info(
-                    "%s: %d%% (%d of %d bytes)", self.what, consumed * 100 // total, consumed, total
-                )
-
-
-# ---------------------------------------------------------------------- the sensor's matcher
-
-
-def match_keys(
-    hook: COSHook,
-    bucket_keys: str | list[str],
-    bucket_name: str | None = None,
-    *,
-    wildcard_match: bool = False,
-    use_regex: bool = False,
-    metadata_keys: list[str] | None = None,
-) -> tuple[bool, list[dict[str, Any]]]:
-    """Whether every key (or pattern) has a match, and the matching objects: the one matcher behind
-    :class:`~emr_ray.sensors.cos.COSSensor`'s poke and :class:`~emr_ray.triggers.cos.COSKeyTrigger`.
-
-    Each object is a JSON-able dict: ``Bucket``, ``Key``, ``Url`` plus the requested ``metadata_keys``
-    (``Size``, ``ETag``, ``LastModified`` (ISO 8601), any response header such as ``Content-Type`` or
-    ``x-cos-meta-owner``, or ``*`` for all of them).
-    """
-    keys = [bucket_keys] if isinstance(bucket_keys, str) else list(bucket_keys)
-    wanted = list(metadata_keys) if metadata_keys else ["Size"]
-    found: list[dict[str, Any]] = []
-    for raw in keys:
-        bucket, key = hook.resolve(raw, bucket_name)
-        if wildcard_match or use_regex:
-            matches = hook.get_matching_objects(bucket, key, use_regex=use_regex)
-            if not matches:
-                return False, []
-            for obj in matches:
-                head = None
-                if any(name not in ("Size", "ETag", "LastModified") for name in wanted):
-                    head = hook.head_object(obj["Key"], bucket)
-                    if head is None:  # deleted since the listing
-                        return False, []
-                found.append(_object_info(bucket, obj["Key"], wanted, listing=obj, head=head))
-        else:
-            head = hook.head_object(key, bucket)
-            if head is None:
-                return False, []
-            found.append(_object_info(bucket, key, wanted, head=head))
-    return True, found
-
-
-def _object_info(
-    bucket: str,
-    key: str,
-    wanted: list[str],
-    *,
-    listing: dict[str, Any] | None = None,
-    head: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    available: dict[str, Any] = {}
-    if head is not None:
-        available.update(head)
-        available["Size"] = int(head.get("Content-Length", 0))
-        available["ETag"] = head.get("ETag", "").strip('"')
-        available["LastModified"] = _iso_time(head.get("Last-Modified"))
-    if listing is not None:
-        available.setdefault("Size", listing["Size"])
-        available.setdefault("ETag", listing["ETag"])
-        available.setdefault("LastModified", _iso_time(listing.get("LastModified")))
-    info: dict[str, Any] = {"Bucket": bucket, "Key": key, "Url": f"cos://{bucket}/{key}"}
-    if "*" in wanted:
-        info.update({k: v for k, v in available.items() if k.lower() not in _TRANSPORT_HEADERS})
-        return info
-    lowered = {k.lower(): v for k, v in available.items()}
-    for name in wanted:
-        info[name] = available.get(name, lowered.get(name.lower()))
-    return info
-
-
-_TRANSPORT_HEADERS = frozenset(
-    {
-        "server",
-        "date",
-        "connection",
-        "access-control-allow-origin",
-        "x-amzn-requestid",
-        "content-length",
-        "accept-ranges",
-        "x-cos-request-id",
-        "x-cos-trace-id",
-    }
-)
-
-
-def _iso_time(value: str | None) -> str | None:
-    """COS's RFC 1123 (headers) and ISO 8601 (listings) times as one ISO 8601 UTC form."""
-    if not value:
-        return None
-    from datetime import datetime
-    from email.utils import parsedate_to_datetime
-
-    try:
-        if value[0].isdigit():
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        else:
-            parsed = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return value
-    return parsed.astimezone(UTC).replace(microsecond=0).isoformat()
-
-
-# ---------------------------------------------------------------------- the "keys unchanged" check
-
-#: Metadata the "unchanged for N seconds" check needs from :func:`match_keys`.
-INACTIVITY_METADATA = ("Size", "ETag", "LastModified")
-
-
-def with_inactivity_metadata(metadata_keys: list[str] | None) -> list[str]:
-    """``metadata_keys`` (default ``["Size"]``) plus what :func:`check_unchanged` needs."""
-    wanted = list(metadata_keys or ["Size"])
-    return wanted + [name for name in INACTIVITY_METADATA if name not in wanted and "*" not in wanted]
-
-
-def object_set_fingerprint(objects: list[dict[str, Any]]) -> str:
-    """A digest of the matched object set: each object's bucket, key, size and ETag (order does not matter)."""
-    import json
-
-    rows = sorted(
-        (str(o.get("Bucket", "")), str(o["Key"]), int(o.get("Size") or 0), str(o.get("ETag") or ""))
-        for o in objects
-    )
-    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
-
-
-def check_unchanged(
-    objects: list[dict[str, Any]],
-    state: dict[str, Any] | None,
-    *,
-    inactivity_period: float,
-    min_objects: int = 1,
-    now: float | None = None,
-    seed_from_last_modified: bool = False,
-) -> tuple[bool, dict[str, Any], str]:
-    """Whether the matched object set has stayed the same for ``inactivity_period`` seconds: the one
-    check behind :class:`~emr_ray.sensors.cos.COSSensor`'s poke and :class:`~emr_ray.triggers.cos.COSKeyTrigger`.
-
-    Pure and JSON-friendly: the caller keeps ``state`` (``{"fingerprint", "count", "since"}``, ``since``
-    in epoch seconds) between observations and passes it back in. Any change to the set (an object
-    added, removed, or rewritten with other content) restarts the clock.
-
-    :param objects: the matched objects, with ``Size`` and ``ETag`` (and ``LastModified`` when seeding).
-    :param state: what the previous call returned, or None for a first observation.
-    :param inactivity_period: seconds the set must stay unchanged.
-    :param min_objects: the set must also hold at least this many objects.
-    :param now: the current time in epoch seconds (``time.time()`` when None).
-    :param seed_from_last_modified: on a first observation, date the set from its newest
-        ``LastModified`` instead of from ``now``. For callers without memory between observations
-        (reschedule mode); it cannot see objects deleted since, so it is opt-in.
-    :return: ``(settled, new_state, message)``.
-    """
-    now = time.time() if now is None else now
-    fingerprint = object_set_fingerprint(objects)
-    count = len(objects)
-    if state is not None and state.get("fingerprint") == fingerprint:
-        since = float(state["since"])
-    elif state is None and seed_from_last_modified:
-        since = min(_newest_modified(objects, default=now), now)
-    else:
-        since = now
-    new_state = {"fingerprint": fingerprint, "count": count, "since": since}
-    quiet = now - since
-    if count < min_objects:
-        return False, new_state, f"{count} object(s) match, fewer than min_objects={min_objects}"
-    if state is not None and state.get("fingerprint") != fingerprint:
-        return (
-            False,
-            new_state,
-            f"the set changed ({state.get('count')} -> {count} object(s)); clock restarted",
-        )
-    if quiet >= inactivity_period:
-        return True, new_state, f"{count} object(s) unchanged for {quiet:.1f}s"
-    return False, new_state, f"{count} object(s) unchanged for {quiet:.1f}s of {inactivity_period:g}s"
-
-
-def _newest_modified(objects: list[dict[str, Any]], default: float) -> float:
-    from datetime import datetime
-
-    stamps = []
-    for obj in objects:
-        value = obj.get("LastModified")
-        if not value:
-            return default  # unknown age: count from now
-        try:
-            stamps.append(datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp())
-        except ValueError:
-            return default
-    return max(stamps, default=default)

@@ -18,6 +18,9 @@ The ``mlflow`` connection type:
 Credentials never stay in ``os.environ``: MLflow reads them from environment variables at request
 time, so :meth:`MLflowHook.credentials` sets them only around the calls that need them and
 restores the previous values afterwards.
+
+This module holds the connection, credentials, links and runs; the model registry methods
+(registered models, versions, aliases) come from :mod:`emr_ray.hooks.mlflow_registry`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from airflow.sdk import BaseHook
 
 from emr_ray.exceptions import MLflowRegistryError
+from emr_ray.hooks.mlflow_registry import MLflowRegistryMixin
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -57,7 +61,7 @@ def _strip_userinfo(uri: str) -> str:
     return uri
 
 
-class MLflowHook(BaseHook):
+class MLflowHook(MLflowRegistryMixin, BaseHook):
     """
     Talk to an MLflow tracking server and model registry described by an Airflow connection.
 
@@ -294,6 +298,17 @@ class MLflowHook(BaseHook):
                     f"MLflow run {run_id!r} not found at {_strip_userinfo(self.tracking_uri)}: {e.message}. "
                     "Pass the run id the training task returned, and check the mlflow connection."
                 ) from e
+
+    def get_metric_of_run(self, run_id: str, metric: str) -> float | None:
+        """
+        The last value run ``run_id`` logged for ``metric``, or None when it logged none.
+
+        :param run_id: MLflow run id.
+        :param metric: metric name.
+        :raises MLflowRegistryError: when the run does not exist.
+        """
+        value = self.get_run(run_id).data.metrics.get(metric)
+        return None if value is None else float(value)
 
     def resolve_model_source(self, run: Run, artifact_path: str) -> tuple[str, str | None]:
         """

@@ -12,8 +12,11 @@ local head and to a remote EMR cluster. The connection:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -132,9 +135,10 @@ class RayHook(BaseHook):
                 f"Check connection {self.ray_conn_id!r} (host should be the dashboard address, "
                 "http://<head>:8265) and that the head node and its dashboard are running."
             ) from e
-        return self._check(response, allow_404=allow_404)
+        return self.check_response(response, allow_404=allow_404)
 
-    def _check(self, response: httpx.Response, *, allow_404: bool = False) -> httpx.Response | None:
+    def check_response(self, response: httpx.Response, *, allow_404: bool = False) -> httpx.Response | None:
+        """The response, or None for an allowed 404; auth and HTTP errors as messages that say the fix."""
         if response.status_code == 401:
             raise RayClusterError(
                 f"Ray cluster at {self.dashboard_url} requires an auth token: set the password of "
@@ -244,6 +248,39 @@ class RayHook(BaseHook):
     def job_url(self, submission_id: str) -> str:
         """The job's page in the Ray dashboard."""
         return f"{self.dashboard_url}/#/jobs/{submission_id}"
+
+    @asynccontextmanager
+    async def async_jobs(self) -> AsyncIterator[AsyncJobsClient]:
+        """The Jobs API for triggers: fully async (the blocking connection lookup runs in a thread)."""
+        config = await asyncio.to_thread(lambda: self.conn_config)
+        async with httpx.AsyncClient(
+            base_url=config["url"], headers=self._headers(), verify=config["verify"], timeout=self.timeout
+        ) as client:
+            yield AsyncJobsClient(self, client)
+
+
+class AsyncJobsClient:
+    """The job calls of :class:`RayHook`, awaited: same answers, same error messages."""
+
+    def __init__(self, hook: RayHook, client: httpx.AsyncClient) -> None:
+        self.hook = hook
+        self.client = client
+
+    async def _json(self, method: str, path: str) -> dict[str, Any] | None:
+        response = self.hook.check_response(await self.client.request(method, path), allow_404=True)
+        return None if response is None else response.json()
+
+    async def get_job(self, submission_id: str) -> dict[str, Any] | None:
+        """As :meth:`RayHook.get_job`."""
+        return await self._json("GET", f"/api/jobs/{submission_id}")
+
+    async def get_job_logs(self, submission_id: str) -> str:
+        """As :meth:`RayHook.get_job_logs`."""
+        return ((await self._json("GET", f"/api/jobs/{submission_id}/logs")) or {}).get("logs", "")
+
+    async def stop_job(self, submission_id: str) -> bool:
+        """As :meth:`RayHook.stop_job`."""
+        return bool(((await self._json("POST", f"/api/jobs/{submission_id}/stop")) or {}).get("stopped"))
 
 
 def interpret_job(submission_id: str, job: dict[str, Any] | None, logs: str) -> dict[str, Any]:

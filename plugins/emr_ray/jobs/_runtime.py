@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from emr_ray import storage
-from emr_ray.spec import COS_SECRET_ENV, ERROR_MARKER, RESULT_MARKER, decode_spec
+from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, SpecPart, decode_spec
 
 log = logging.getLogger("emr_ray.jobs")
 
@@ -21,17 +20,13 @@ class JobInputError(Exception):
     """Bad input (missing partition, wrong schema, bad config): exit 2 with a message, no traceback."""
 
 
-def storage_options(spec: dict[str, Any]) -> storage.StorageOptions:
-    """Storage settings: the public parts from the spec (``storage.cos``, ``storage.hdfs``, neither
-    secret), the COS secrets from the job's environment (they never travel in a spec)."""
-    sections: dict[str, Any] = spec.get("storage") or {}
-    settings: dict[str, Any] = {**(sections.get("cos") or {})}
-    settings.update({k: v for k, v in (sections.get("hdfs") or {}).items() if v is not None})
-    settings.update({key: os.environ.get(env) for key, env in COS_SECRET_ENV.items()})
-    return storage.StorageOptions(**settings)
-
-
-def main(run: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None = None) -> None:
+def main(
+    run: Callable[[Any], dict[str, Any]],
+    argv: list[str] | None = None,
+    *,
+    spec_type: type[SpecPart] | None = None,
+) -> None:
+    """Decode the spec (into ``spec_type`` when given), run, print the marked result; exit 2 on bad input."""
     parser = argparse.ArgumentParser()
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--spec-b64", help="the spec, as the operator encodes it")
@@ -43,11 +38,11 @@ def main(run: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None
     )
     if args.spec:
         with open(args.spec) as f:
-            spec = json.load(f)
+            payload = json.load(f)
     else:
-        spec = decode_spec(args.spec_b64)
+        payload = decode_spec(args.spec_b64)
     try:
-        result = run(spec)
+        result = run(spec_type.from_dict(payload) if spec_type else payload)
     except (JobInputError, storage.StorageError, ValueError) as e:
         _fail(e, code=2)
     except Exception as e:

@@ -6,7 +6,8 @@ in ``bench/data_path.py``: 5.2M rows/s into tensors this way, against 62k rows/s
 ``read_parquet`` -> ``iter_torch_batches`` on the same machine.
 
 The job plans the shards once (file list and row counts from the Parquet footers, no data read)
-and hands the plan to the workers in their config; a worker reads its range on start. Training
+and hands the plan to the workers in their config; a worker reads its range on start through the
+public :func:`emr_ray.train.worker_shard`. Training
 shards are equal in size (at most ``world_size - 1`` rows are dropped), so every DDP worker runs
 the same number of steps; evaluation shards split all rows. A worker holds its shard in memory:
 ``rows / workers x columns x 4`` bytes; add workers (or nodes) for partitions larger than that.
@@ -85,21 +86,3 @@ def read(pieces: list[Piece], fsys: Any, columns: list[str]):
 def describe(uri: str, files: list[tuple[str, int]], *, equal: bool) -> dict[str, Any]:
     """One dataset's entry in the plan the job passes to the workers."""
     return {"uri": uri, "files": [[path, rows] for path, rows in files], "equal": equal}
-
-
-def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
-    """This Ray Train worker's rows of dataset ``name`` (a pyarrow Table; ``None`` when it has none).
-
-    Call inside a Ray Train loop. The storage credentials come from the job's environment, which
-    Ray passes on to the workers; the plan in ``config`` holds no secrets.
-    """
-    import ray.train
-
-    from emr_ray import storage
-    from emr_ray.jobs._runtime import storage_options
-
-    entry = config[PLAN_KEY]["datasets"][name]
-    context = ray.train.get_context()
-    pieces = plan([(p, int(n)) for p, n in entry["files"]], context.get_world_size(), equal=entry["equal"])
-    options = storage_options({"storage": config[PLAN_KEY].get("storage") or {}})
-    return read(pieces[context.get_world_rank()], storage.filesystem(entry["uri"], options), columns)

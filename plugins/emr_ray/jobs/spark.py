@@ -1,7 +1,7 @@
 """Job: start Spark on Ray (RayDP), read one committed input partition, run a preprocessing function,
 write its outputs to a temporary prefix and commit them as one partition. Spark is always stopped.
 
-The preprocessing function (``spec["preprocess"]``, an import path) takes the input DataFrame and
+The preprocessing function (``spec.preprocess``, an import path) takes the input DataFrame and
 the step's config and returns a DataFrame or a dict of named DataFrames (e.g. train and test).
 """
 
@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from emr_ray import storage
-from emr_ray.jobs._runtime import JobInputError, main, storage_options
+from emr_ray.jobs._runtime import JobInputError, main
 from emr_ray.jobs.validation import schema_problems, value_problems
-from emr_ray.spec import import_by_path
+from emr_ray.spec import SparkJobSpec, import_by_path
 
 log = logging.getLogger("emr_ray.jobs.spark")
 
@@ -100,21 +100,21 @@ def validate_columns(df, required: list[str], uri: str) -> None:
         )
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
+def run(spec: SparkJobSpec) -> dict[str, Any]:
     import ray
     import raydp
 
-    options = storage_options(spec)
-    partition = storage.validate_partition(spec["partition"])
-    input_uri = spec["input_uri"]
-    output_uri = spec["output_uri"]
-    preprocess = import_by_path(spec["preprocess"])
-    config = spec.get("config", {})
-    spark_spec = spec["spark"]
+    options = spec.storage.options()
+    partition = spec.partition
+    input_uri = spec.input_uri
+    output_uri = spec.output_uri
+    preprocess = import_by_path(spec.preprocess)
+    config = spec.config
+    spark_spec = spec.spark
 
     files = input_files(input_uri, options)
     _raise_if(schema_problems(files, config.get("schema", {}), input_uri, options), input_uri)
-    if spec.get("validate_only"):
+    if spec.validate_only:
         rows_in = storage.count_parquet_rows(files, input_uri, options)
         log.info("Validated %s (dry run: committed, schema, %d rows); nothing written", input_uri, rows_in)
         return {"partition": partition, "input_uri": input_uri, "rows_in": rows_in, "validated": True}
@@ -128,15 +128,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         hadoop["spark.executorEnv.HADOOP_USER_NAME"] = options.hdfs_user
     started = time.monotonic()
     spark = raydp.init_spark(
-        app_name=spark_spec["app_name"],
-        num_executors=int(spark_spec["num_executors"]),
-        executor_cores=int(spark_spec["executor_cores"]),
-        executor_memory=spark_spec["executor_memory"],
-        placement_group_strategy=spark_spec.get("placement_group_strategy"),
-        configs=spark_configs({**hadoop, **(spark_spec.get("configs") or {})}),
+        app_name=spark_spec.app_name,
+        num_executors=spark_spec.num_executors,
+        executor_cores=spark_spec.executor_cores,
+        executor_memory=spark_spec.executor_memory,
+        placement_group_strategy=spark_spec.placement_group_strategy,
+        configs=spark_configs({**hadoop, **spark_spec.configs}),
     )
     log.info("Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each", time.monotonic() - started,
-             spark_spec["num_executors"], spark_spec["executor_cores"], spark_spec["executor_memory"])  # fmt: skip
+             spark_spec.num_executors, spark_spec.executor_cores, spark_spec.executor_memory)  # fmt: skip
     tmp_uri = storage.staging_uri(output_uri)
     try:
         df = read_partition(spark, input_uri, files, options).cache()
@@ -162,8 +162,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "input_uri": input_uri,
             "rows_in": rows_in,
             "outputs": written,
-            "producer": spec.get("identity", {}),
-            "preprocess": spec["preprocess"],
+            "producer": spec.identity,
+            "preprocess": spec.preprocess,
         }
         storage.commit(tmp_uri, output_uri, manifest, options)
         log.info("Committed partition %s", output_uri)
@@ -202,4 +202,4 @@ def _remove_quietly(uri: str, options: storage.StorageOptions) -> None:
 
 
 if __name__ == "__main__":
-    main(run)
+    main(run, spec_type=SparkJobSpec)

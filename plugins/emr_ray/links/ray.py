@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from airflow.sdk import BaseOperatorLink
-from airflow.sdk.execution_time.xcom import XCom
-
-if TYPE_CHECKING:
-    from airflow.sdk import BaseOperator
-    from airflow.sdk.types import TaskInstanceKey
+from emr_ray.links.base import XComStoredLink
 
 
-class RayJobLink(BaseOperatorLink):
+class RayJobLink(XComStoredLink):
     """Links a task to its Ray job in the dashboard."""
 
     name = "Ray Dashboard"
-
-    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        return XCom.get_value(ti_key=ti_key, key=self.xcom_key) or ""
-
-    @classmethod
-    def persist(cls, context, url: str) -> None:
-        context["ti"].xcom_push(key=cls().xcom_key, value=url)

@@ -23,7 +23,8 @@ from urllib.parse import unquote, urlparse
 from airflow.sdk import BaseOperator
 
 from emr_ray.exceptions import COSError
-from emr_ray.hooks.cos import COSHook, _md5_file, _ProgressLogger
+from emr_ray.hooks.cos import COSHook
+from emr_ray.hooks.cos_transfer import ProgressLogger, md5_file
 from emr_ray.links.cos import COSObjectLink
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class _COSTransferOperator(BaseOperator):
     def _result(
         self, context: Context, bucket: str, prefix: str, local: str, files: int, size: int, upload: bool
     ) -> dict[str, Any]:
-        COSObjectLink.persist(context, bucket=bucket, region=self.hook.conn_config.region, prefix=prefix)
+        COSObjectLink.persist(context, COSObjectLink.url(bucket, self.hook.conn_config.region, prefix))
         cos_url = f"cos://{bucket}/{prefix}"
         return {
             "source": local if upload else cos_url,
@@ -145,7 +146,7 @@ class LocalToCOSOperator(_COSTransferOperator):
             bucket,
             prefix,
         )
-        progress = _ProgressLogger(self.log, f"upload to cos://{bucket}/{prefix}")
+        progress = ProgressLogger(self.log, f"upload to cos://{bucket}/{prefix}")
         done = 0
         for path, rel in files:
             self.hook.upload_file(
@@ -155,7 +156,7 @@ class LocalToCOSOperator(_COSTransferOperator):
                 replace=self.replace,
                 part_size_mb=self.part_size_mb,
                 max_threads=self.max_threads,
-                metadata={MD5_METADATA: _md5_file(path)},
+                metadata={MD5_METADATA: md5_file(path)},
             )
             done += os.path.getsize(path)
             progress(done, total)
@@ -206,7 +207,7 @@ class COSToLocalOperator(_COSTransferOperator):
             prefix,
             target,
         )
-        progress = _ProgressLogger(self.log, f"download of cos://{bucket}/{prefix}")
+        progress = ProgressLogger(self.log, f"download of cos://{bucket}/{prefix}")
         done = 0
         for obj, path in planned:
             self._download(bucket, obj, path)
@@ -237,7 +238,7 @@ class COSToLocalOperator(_COSTransferOperator):
                     obj["Key"],
                     MD5_METADATA,
                 )
-            elif _md5_file(partial) != expected:
+            elif md5_file(partial) != expected:
                 os.remove(partial)
                 raise COSError(
                     f"Checksum mismatch downloading cos://{bucket}/{obj['Key']}: the file's MD5 is not the "

@@ -2,7 +2,9 @@
 
 MLflow deprecated model stages; this operator uses aliases only. The gate is one metric of the
 source runs: the new version always becomes ``challenger``, and ``champion`` only when it beats the
-current champion's value by more than ``min_improvement`` (or when there is no champion yet).
+current champion's value by at least ``min_improvement`` (a tie never does), or when there is no
+champion yet. The rule is :func:`emr_ray.promotion.decide`; every MLflow call goes through
+:class:`~emr_ray.hooks.mlflow.MLflowHook`.
 
 Registration is idempotent: a retry, or a rerun of the same DAG run, finds the version already
 registered from the same MLflow run and reuses it instead of creating a second one.
@@ -18,12 +20,14 @@ from airflow.sdk import Asset, BaseOperator
 
 from emr_ray.exceptions import MLflowRegistryError
 from emr_ray.hooks.mlflow import MLflowHook
+from emr_ray.hooks.mlflow_registry import TAG_ARTIFACT_PATH
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
+from emr_ray.promotion import DIRECTIONS, Decision, decide
 from emr_ray.templating import as_bool
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from mlflow.entities.model_registry import ModelVersion
+    from mlflow.entities import Run
 
 #: Scheme of the Airflow asset that stands for a registered MLflow model.
 ASSET_URI_PREFIX = "x-mlflow://models/"
@@ -32,10 +36,8 @@ ASSET_URI_PREFIX = "x-mlflow://models/"
 TAG_DAG_ID = "airflow.dag_id"
 TAG_RUN_ID = "airflow.run_id"
 TAG_TASK_ID = "airflow.task_id"
+TAG_MAP_INDEX = "airflow.map_index"
 TAG_PARTITION = "partition"
-TAG_ARTIFACT_PATH = "artifact_path"
-
-_DIRECTIONS = ("max", "min")
 
 
 def mlflow_model_asset(model_name: str) -> Asset:
@@ -111,7 +113,7 @@ class MLflowRegisterOperator(BaseOperator):
         emit_asset: bool = True,
         **kwargs: Any,
     ) -> None:
-        if direction not in _DIRECTIONS:
+        if direction not in DIRECTIONS:
             raise ValueError(f"direction={direction!r} is not supported; use 'max' or 'min'.")
         if min_improvement < 0:
             raise ValueError(
@@ -148,21 +150,98 @@ class MLflowRegisterOperator(BaseOperator):
         """The MLflow hook of ``mlflow_conn_id``."""
         return MLflowHook(mlflow_conn_id=self.mlflow_conn_id)
 
+    # ------------------------------------------------------------------ execute
+    def execute(self, context: Context) -> dict[str, Any]:
+        name, run_id, artifact_path = self._rendered()
+        hook = self.hook
+
+        run, value = self._check_run(run_id)
+        MLflowRunLink.persist(context, hook.run_url(run.info.experiment_id, run_id))
+        hook.ensure_registered_model(name)
+        existing = hook.find_version_from_run(name, run_id, artifact_path)
+        champion_version, champion_value = self._champion(name)
+
+        # The decision, before anything is written.
+        decision = decide(
+            value,
+            champion_version=champion_version,
+            champion_value=champion_value,
+            existing_is_champion=existing is not None and str(existing.version) == champion_version,
+            direction=self.direction,
+            min_improvement=self.min_improvement,
+            metric=self.metric,
+            champion_alias=self.champion_alias,
+        )
+        self.log.info(
+            "Run %s: %s = %s; champion %s: %s = %s",
+            run_id,
+            self.metric,
+            value,
+            f"v{champion_version}" if champion_version else "none",
+            self.metric,
+            champion_value,
+        )
+        before = {"champion_value_before": champion_value, "champion_version_before": champion_version}
+
+        if existing is None and as_bool(self.register_only_if_better) and not decision.promote:
+            self.log.info("Not registering (register_only_if_better and no improvement): %s", decision.reason)
+            return self._result(name, None, run_id, value, before, decision, [], reused=False)
+
+        if existing is not None:
+            version, reused = str(existing.version), True
+            self.log.info(
+                "Version %s of %s was already registered from run %s; reusing it", version, name, run_id
+            )
+        else:
+            source, model_id = hook.resolve_model_source(run, artifact_path)
+            mv = hook.create_model_version(
+                name,
+                source=source,
+                run_id=run_id,
+                tags=self._version_tags(context, artifact_path),
+                description=self.description,
+                model_id=model_id,
+            )
+            version, reused = str(mv.version), False
+            self.log.info("Registered %s version %s from %s", name, version, source)
+            if model_id:
+                hook.link_logged_model(model_id, name, version)
+
+        hook.set_alias(name, self.challenger_alias, version)
+        if decision.promote:
+            hook.set_alias(name, self.champion_alias, version)
+        aliases = hook.aliases_of_version(name, version)
+
+        self.log.info(
+            "Decision for %s v%s: %s (%s); aliases now %s",
+            name,
+            version,
+            "PROMOTED to " + self.champion_alias if decision.promote else "challenger only",
+            decision.reason,
+            aliases,
+        )
+        MLflowModelVersionLink.persist(context, hook.model_version_url(name, version))
+        result = self._result(name, version, run_id, value, before, decision, aliases, reused=reused)
+        self._emit_asset_event(context, name, result)
+        return result
+
     # ------------------------------------------------------------------ helpers
-    def _improvement(self, value: float, champion_value: float) -> float:
-        return value - champion_value if self.direction == "max" else champion_value - value
+    def _rendered(self) -> tuple[str, str, str]:
+        """``(model_name, run_id, artifact_path)`` as rendered, stripped and checked."""
+        name = str(self.model_name).strip()
+        run_id = str(self.run_id).strip()
+        artifact_path = str(self.artifact_path).strip().strip("/")
+        if not name:
+            raise MLflowRegistryError("model_name rendered empty; pass the registered model's name.")
+        if not run_id or run_id == "None":
+            raise MLflowRegistryError(
+                f"run_id rendered {self.run_id!r}; pass the MLflow run id the training task returned "
+                "(for example its XCom 'mlflow_run_id')."
+            )
+        return name, run_id, artifact_path
 
-    def _source_value(self, run_id: str | None) -> float | None:
-        """The gate metric of a champion's source run, or None when it cannot be read."""
-        if not run_id:
-            return None
-        try:
-            run = self.hook.get_run(run_id)
-        except MLflowRegistryError:
-            return None
-        return run.data.metrics.get(self.metric)
-
-    def _check_run(self, run_id: str) -> tuple[Any, float]:
+    def _check_run(self, run_id: str) -> tuple[Run, float]:
+        """The source run and its gate metric; refuses an unfinished run and one without the metric."""
         run = self.hook.get_run(run_id)
         status = run.info.status
         if status != "FINISHED":
@@ -179,36 +258,24 @@ class MLflowRegisterOperator(BaseOperator):
             )
         return run, float(value)
 
-    def _ensure_registered_model(self, name: str) -> None:
-        from mlflow.exceptions import MlflowException
-
-        client = self.hook.client
+    def _champion(self, name: str) -> tuple[str | None, float | None]:
+        """
+        ``(version, value)`` of the current champion: ``(None, None)`` without one; value None when
+        its source run is gone or lacks the metric.
+        """
+        version = self.hook.get_aliases(name).get(self.champion_alias)
+        if version is None:
+            return None, None
+        source_run_id = self.hook.get_model_version(name, version).run_id
+        if not source_run_id:
+            return version, None
         try:
-            client.get_registered_model(name)
-        except MlflowException as e:
-            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
-                raise
-            try:
-                client.create_registered_model(name)
-                self.log.info("Created registered model %s", name)
-            except MlflowException as e2:  # created concurrently by another task
-                if e2.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
-                    raise
-
-    def _find_existing(self, name: str, run_id: str, artifact_path: str) -> ModelVersion | None:
-        """The earliest version of ``name`` registered from ``run_id`` (same artifact path)."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            versions = self.hook.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
-        except MlflowException as e:
-            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return None
-            raise
-        same = [v for v in versions if v.tags.get(TAG_ARTIFACT_PATH, artifact_path) == artifact_path]
-        return min(same, key=lambda v: int(v.version)) if same else None
+            return version, self.hook.get_metric_of_run(source_run_id, self.metric)
+        except MLflowRegistryError:
+            return version, None
 
     def _version_tags(self, context: Context, artifact_path: str) -> dict[str, str]:
+        """Tags of a new version: the task instance, the partition (``ds``), then ``version_tags``."""
         ti = context["ti"]
         tags = {
             TAG_DAG_ID: ti.dag_id,
@@ -221,123 +288,9 @@ class MLflowRegisterOperator(BaseOperator):
             tags[TAG_PARTITION] = str(partition)
         map_index = getattr(ti, "map_index", -1)
         if map_index is not None and map_index >= 0:
-            tags["airflow.map_index"] = str(map_index)
+            tags[TAG_MAP_INDEX] = str(map_index)
         tags.update({str(k): str(v) for k, v in (self.version_tags or {}).items()})
         return tags
-
-    # ------------------------------------------------------------------ execute
-    def execute(self, context: Context) -> dict[str, Any]:
-        name = str(self.model_name).strip()
-        run_id = str(self.run_id).strip()
-        artifact_path = str(self.artifact_path).strip().strip("/")
-        if not name:
-            raise MLflowRegistryError("model_name rendered empty; pass the registered model's name.")
-        if not run_id or run_id == "None":
-            raise MLflowRegistryError(
-                f"run_id rendered {self.run_id!r}; pass the MLflow run id the training task returned "
-                "(for example its XCom 'mlflow_run_id')."
-            )
-        hook = self.hook
-        client = hook.client
-
-        with hook.credentials():
-            run, value = self._check_run(run_id)
-            MLflowRunLink.persist(context, hook.run_url(run.info.experiment_id, run_id))
-
-            self._ensure_registered_model(name)
-            existing = self._find_existing(name, run_id, artifact_path)
-
-            aliases_before = dict(client.get_registered_model(name).aliases or {})
-            champion_version = aliases_before.get(self.champion_alias)
-            champion_version = str(champion_version) if champion_version is not None else None
-            champion_value: float | None = None
-            if champion_version is not None:
-                champion_mv = client.get_model_version(name, champion_version)
-                champion_value = self._source_value(champion_mv.run_id)
-
-            # The decision, before anything is written.
-            if champion_version is None:
-                promote, reason = True, "no champion yet"
-            elif existing is not None and str(existing.version) == champion_version:
-                promote, reason = True, "this run's version is already the champion"
-            elif champion_value is None:
-                promote = False
-                reason = (
-                    f"champion v{champion_version} has no {self.metric!r} to compare against; set the "
-                    f"{self.champion_alias!r} alias by hand if this version should replace it"
-                )
-            else:
-                improvement = self._improvement(value, champion_value)
-                promote = improvement > 0 and improvement >= self.min_improvement
-                reason = (
-                    f"{self.metric} {value} vs champion {champion_value} ({self.direction} is better, "
-                    f"improvement {improvement:+.6g}, required > 0 and >= {self.min_improvement})"
-                )
-            self.log.info(
-                "Run %s: %s = %s; champion %s: %s = %s",
-                run_id,
-                self.metric,
-                value,
-                f"v{champion_version}" if champion_version else "none",
-                self.metric,
-                champion_value,
-            )
-
-            only_if_better = as_bool(self.register_only_if_better)
-            if existing is None and only_if_better and not promote:
-                self.log.info("Not registering (register_only_if_better and no improvement): %s", reason)
-                return self._result(
-                    name, None, run_id, value, champion_value, champion_version, False, [], False, reason
-                )
-
-            if existing is not None:
-                mv = existing
-                reused = True
-                self.log.info(
-                    "Version %s of %s was already registered from run %s; reusing it",
-                    mv.version,
-                    name,
-                    run_id,
-                )
-            else:
-                source, model_id = hook.resolve_model_source(run, artifact_path)
-                mv = client.create_model_version(
-                    name=name,
-                    source=source,
-                    run_id=run_id,
-                    tags=self._version_tags(context, artifact_path),
-                    description=self.description,
-                    model_id=model_id,
-                )
-                reused = False
-                self.log.info("Registered %s version %s from %s", name, mv.version, source)
-                if model_id:
-                    self._link_logged_model(model_id, name, str(mv.version))
-            version = str(mv.version)
-
-            client.set_registered_model_alias(name, self.challenger_alias, version)
-            if promote:
-                client.set_registered_model_alias(name, self.champion_alias, version)
-            aliases = sorted(
-                alias
-                for alias, v in (client.get_registered_model(name).aliases or {}).items()
-                if str(v) == version
-            )
-
-        self.log.info(
-            "Decision for %s v%s: %s (%s); aliases now %s",
-            name,
-            version,
-            "PROMOTED to " + self.champion_alias if promote else "challenger only",
-            reason,
-            aliases,
-        )
-        MLflowModelVersionLink.persist(context, hook.model_version_url(name, version))
-        result = self._result(
-            name, version, run_id, value, champion_value, champion_version, promote, aliases, reused, reason
-        )
-        self._emit_asset_event(context, name, result)
-        return result
 
     def _result(
         self,
@@ -345,13 +298,13 @@ class MLflowRegisterOperator(BaseOperator):
         version: str | None,
         run_id: str,
         value: float,
-        champion_value: float | None,
-        champion_version: str | None,
-        promoted: bool,
+        before: dict[str, Any],
+        decision: Decision,
         aliases: list[str],
+        *,
         reused: bool,
-        reason: str,
     ) -> dict[str, Any]:
+        """The task's XCom (keys are part of the operator's interface)."""
         return {
             "model_name": name,
             "version": version,
@@ -359,28 +312,13 @@ class MLflowRegisterOperator(BaseOperator):
             "run_id": run_id,
             "metric": self.metric,
             "value": value,
-            "champion_value_before": champion_value,
-            "champion_version_before": champion_version,
-            "promoted": promoted,
+            "champion_value_before": before["champion_value_before"],
+            "champion_version_before": before["champion_version_before"],
+            "promoted": decision.promote,
             "aliases": aliases,
             "reused": reused,
-            "reason": reason,
+            "reason": decision.reason,
         }
-
-    def _link_logged_model(self, model_id: str, name: str, version: str) -> None:
-        """Record the version on the MLflow 3 logged model, as ``mlflow.register_model`` does."""
-        import json
-
-        try:
-            from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
-
-            client = self.hook.client
-            model = client.get_logged_model(model_id)
-            linked = json.loads(model.tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
-            linked.append({"name": name, "version": version})
-            client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(linked)})
-        except Exception as e:  # cosmetic: the registry entry exists either way
-            self.log.warning("Could not link logged model %s to %s v%s: %s", model_id, name, version, e)
 
     def _emit_asset_event(self, context: Context, name: str, result: dict[str, Any]) -> None:
         if not self.emit_asset or result["version"] is None:

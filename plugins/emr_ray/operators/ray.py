@@ -15,12 +15,11 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, conf
 
-from emr_ray import storage
 from emr_ray.exceptions import RayClusterError, RayJobFailedError
 from emr_ray.hooks.ray import TERMINAL_STATES, RayHook, interpret_job
 from emr_ray.identity import TaskIdentity
 from emr_ray.links.ray import RayJobLink
-from emr_ray.spec import COS_SECRET_ENV, entrypoint
+from emr_ray.spec import COS_SECRET_ENV, JobSpec, entrypoint
 from emr_ray.triggers.ray import RayJobTrigger
 
 _LOG_LINES_PER_POLL = 200
@@ -171,9 +170,24 @@ class RayJobOperator(BaseOperator):
     def hook(self) -> RayHook:
         return RayHook(self.ray_conn_id)
 
-    def build_spec(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
-        """The job's spec; subclasses add their own fields. Never put secrets here."""
+    def build_spec(self, context: Any, identity: TaskIdentity) -> JobSpec | dict[str, Any]:
+        """The job's spec: subclasses build their typed spec (:mod:`emr_ray.spec`); this base class
+        sends ``spec`` as given, for a job module of your own. Never put secrets here."""
         return dict(self.spec)
+
+    def job_payload(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
+        """The spec as JSON data, with the task's identity and the storage settings its URIs need."""
+        built = self.build_spec(context, identity)
+        spec = built.to_dict() if not isinstance(built, dict) else built
+        spec["identity"] = identity.tags()
+        text = json.dumps(spec)
+        if "cos://" in text:
+            spec.setdefault("storage", {})["cos"] = self._cos_settings()[0]
+        if "hdfs://" in text:
+            from emr_ray.hooks.hdfs import WebHdfsSettingsHook
+
+            spec.setdefault("storage", {})["hdfs"] = WebHdfsSettingsHook(self.hdfs_conn_id).storage_settings()
+        return spec
 
     def job_runtime_env(self, context: Any) -> dict[str, Any]:
         """Extra runtime_env for the job (subclasses add storage credentials as env vars)."""
@@ -181,14 +195,10 @@ class RayJobOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         identity = TaskIdentity.from_context(context)
-        spec = self.build_spec(context, identity) | {"identity": identity.tags()}
+        spec = self.job_payload(context, identity)
         runtime_env = self.job_runtime_env(context)
-        if "cos://" in json.dumps(spec):
-            public, secret_env = self._cos_settings()
-            spec.setdefault("storage", {})["cos"] = public
-            runtime_env.setdefault("env_vars", {}).update(secret_env)
-        if "hdfs://" in json.dumps(spec):
-            spec.setdefault("storage", {})["hdfs"] = self._hdfs_settings()
+        if (spec.get("storage") or {}).get("cos"):
+            runtime_env.setdefault("env_vars", {}).update(self._cos_settings()[1])
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
         self.log.info("Ray job %s: %s", self._submission_id, self.hook.job_url(self._submission_id))
@@ -220,30 +230,6 @@ class RayJobOperator(BaseOperator):
         options = StorageOptions(**COSHook(self.cos_conn_id).pyarrow_s3_options())
         secrets = {env: getattr(options, key) for key, env in COS_SECRET_ENV.items() if getattr(options, key)}
         return options.public(), secrets
-
-    def _hdfs_settings(self) -> dict[str, Any]:
-        """The ``webhdfs`` connection as the spec's ``storage.hdfs`` section (no secrets in it)."""
-        if not self.hdfs_conn_id:
-            return storage.StorageOptions().hdfs_public()
-        from airflow.sdk import BaseHook
-
-        conn = BaseHook.get_connection(self.hdfs_conn_id)
-        if conn.conn_type != "webhdfs":
-            raise ValueError(
-                f"Connection {self.hdfs_conn_id!r} has type {conn.conn_type!r}; hdfs_conn_id needs a "
-                "'webhdfs' connection (host and port of the NameNode's WebHDFS endpoint, login = user)."
-            )
-        if not conn.host:
-            raise ValueError(f"Connection {self.hdfs_conn_id!r} has no host; set the NameNode's host name.")
-        extra = conn.extra_dejson
-        https = str(extra.get("use_ssl", False)).lower() == "true"
-        host = conn.host.split(",")[0].strip()  # the provider's hook takes a list of NameNodes
-        port = conn.port or storage.default_webhdfs_port(https)
-        return storage.StorageOptions(
-            webhdfs_address=f"{'https' if https else 'http'}://{host}:{port}",
-            hdfs_user=conn.login or None,
-            hdfs_over_webhdfs=str(extra.get("spark_over_webhdfs", False)).lower() == "true",
-        ).hdfs_public()
 
     def _reattach_or_submit(
         self, identity: TaskIdentity, spec: dict[str, Any], runtime_env: dict[str, Any]

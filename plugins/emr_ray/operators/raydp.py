@@ -8,6 +8,7 @@ from typing import Any
 from emr_ray import storage
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
+from emr_ray.spec import SparkJobSpec, SparkSettings
 from emr_ray.templating import as_bool
 
 
@@ -79,25 +80,23 @@ class RayDPSparkOperator(RayJobOperator):
         self.placement_group_strategy = placement_group_strategy
         self.validate_only = validate_only
 
-    def build_spec(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
+    def build_spec(self, context: Any, identity: TaskIdentity) -> SparkJobSpec:
         partition = storage.validate_partition(str(self.partition))
         for uri in (self.input_uri, self.output_uri):
             storage.split_uri(uri)  # rejects bad schemes before any cluster work
-        if int(self.num_executors) < 1 or int(self.executor_cores) < 1:
-            raise ValueError("num_executors and executor_cores must be at least 1.")
-        return {
-            "partition": partition,
-            "preprocess": self.preprocess,
-            "input_uri": storage.join(self.input_uri, f"dt={partition}"),
-            "output_uri": storage.join(self.output_uri, f"dt={partition}"),
-            "config": self.config,
-            "validate_only": as_bool(self.validate_only),
-            "spark": {
-                "app_name": self.app_name or f"{identity.dag_id}-{identity.task_id}",
-                "num_executors": int(self.num_executors),
-                "executor_cores": int(self.executor_cores),
-                "executor_memory": str(self.executor_memory),
-                "configs": {k: str(v) for k, v in self.spark_configs.items()},
-                "placement_group_strategy": self.placement_group_strategy,
-            },
-        }
+        return SparkJobSpec(
+            partition=partition,
+            preprocess=self.preprocess,
+            input_uri=storage.join(self.input_uri, f"dt={partition}"),
+            output_uri=storage.join(self.output_uri, f"dt={partition}"),
+            config=self.config,
+            validate_only=as_bool(self.validate_only),
+            spark=SparkSettings(
+                app_name=self.app_name or f"{identity.dag_id}-{identity.task_id}",
+                num_executors=int(self.num_executors),
+                executor_cores=int(self.executor_cores),
+                executor_memory=str(self.executor_memory),
+                configs={k: str(v) for k, v in self.spark_configs.items()},
+                placement_group_strategy=self.placement_group_strategy,
+            ),
+        )

@@ -5,19 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from emr_ray import storage
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
+from emr_ray.spec import CheckpointSpec, FailureSpec, MLflowSection, ScalingSpec, TrainJobSpec
 from emr_ray.templating import as_bool
-
-_ORDERS = ("min", "max")
-_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 class TorchTrainOperator(RayJobOperator):
     """Train a model with ``TorchTrainer`` on the cluster; each worker reads its own rows of the staged Parquet.
 
-    Workers read their shards straight from storage with pyarrow (``emr_ray.jobs.shards``): equal
+    Workers read their shards straight from storage with pyarrow (``emr_ray.train.worker_shard``): equal
     training shards (so DDP workers run the same steps), no copy through the job or Ray's object store.
 
     The Ray Train run name and storage path come from the task instance, so an Airflow retry resumes
@@ -28,7 +25,7 @@ class TorchTrainOperator(RayJobOperator):
     ``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``, ``best_metrics``, ``epochs_completed``.
 
     :param train_loop: import path of the per-worker loop, ``include.models.tabular:train_loop`` (templated).
-        Its module also provides ``build_model(config)`` and ``load_weights(model, checkpoint_dir)``.
+        Its module also provides ``build_model(config)`` (see :class:`emr_ray.train.TrainingModule`).
     :param datasets: named dataset URIs, e.g. ``{"train": ..., "test": ...}`` (templated).
     :param config: hyperparameters passed to the loop (templated).
     :param storage_path: root for checkpoints (``file://``, ``cos://``; templated).
@@ -76,10 +73,9 @@ class TorchTrainOperator(RayJobOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if score_order not in _ORDERS:
-            raise ValueError(f"score_order={score_order!r}: use 'min' (losses) or 'max' (accuracies).")
-        if num_to_keep is not None and num_to_keep < 1:
-            raise ValueError(f"num_to_keep={num_to_keep}: keep at least 1 checkpoint, or None to keep all.")
+        # not templated: checked when the DAG is parsed
+        self.checkpoint = CheckpointSpec(num_to_keep, score_attribute, score_order)
+        self.failure = FailureSpec(int(max_failures))
         self.train_loop = train_loop
         self.datasets = datasets
         self.storage_path = storage_path
@@ -95,55 +91,30 @@ class TorchTrainOperator(RayJobOperator):
         self.mlflow_conn_id = mlflow_conn_id
         self.experiment_name = experiment_name
 
-    def _scaling(self) -> dict[str, Any]:
-        """ScalingConfig's fields, checked before any cluster work."""
-        workers = int(self.num_workers)
-        use_gpu = as_bool(self.use_gpu)
-        resources = {k: float(v) for k, v in (self.resources_per_worker or {}).items()} or None
-        if workers < 1:
-            raise ValueError(f"num_workers={workers}: Ray Train needs at least 1 worker.")
-        if self.placement_strategy not in _STRATEGIES:
-            raise ValueError(
-                f"placement_strategy={self.placement_strategy!r}: use one of {', '.join(_STRATEGIES)}."
-            )
-        if use_gpu and resources and resources.get("GPU", 1) == 0:
-            raise ValueError(
-                "use_gpu=True with resources_per_worker GPU=0: drop GPU from resources_per_worker."
-            )
-        if not use_gpu and resources and resources.get("GPU", 0) > 0:
-            raise ValueError("resources_per_worker asks for GPUs but use_gpu=False: set use_gpu=True.")
-        return {"num_workers": workers, "use_gpu": use_gpu, "resources_per_worker": resources,
-                "placement_strategy": self.placement_strategy}  # fmt: skip
-
-    def build_spec(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
+    def build_spec(self, context: Any, identity: TaskIdentity) -> TrainJobSpec:
         from emr_ray.hooks.mlflow import MLflowHook
 
-        if not self.datasets or "train" not in self.datasets:
-            raise ValueError("datasets must name a 'train' URI (and usually 'test').")
-        for uri in (*self.datasets.values(), self.storage_path):
-            storage.split_uri(uri)
         mlflow_settings = MLflowHook(self.mlflow_conn_id).job_settings()
-        return {
-            "train_loop": self.train_loop,
-            "datasets": dict(self.datasets),
-            "config": dict(self.config),
-            "scaling": self._scaling(),
-            "checkpoint": {
-                "num_to_keep": self.num_to_keep,
-                "score_attribute": self.score_attribute,
-                "score_order": self.score_order,
-            },  # fmt: skip
-            "failure": {"max_failures": int(self.max_failures)},
-            "run_name": identity.run_name,
-            "storage_path": identity.checkpoint_path(self.storage_path),
-            "mlflow": {
-                "tracking_uri": mlflow_settings["tracking_uri"],
-                "registry_uri": mlflow_settings.get("registry_uri"),
-                "artifact_location": mlflow_settings.get("artifact_location"),
-                "experiment_name": self.experiment_name or identity.dag_id,
-                "tags": identity.tags() | {"partition": str(context.get("ds", ""))},
-            },
-        }
+        resources = {k: float(v) for k, v in (self.resources_per_worker or {}).items()} or None
+        return TrainJobSpec(
+            train_loop=self.train_loop,
+            datasets=dict(self.datasets or {}),
+            config=dict(self.config),
+            scaling=ScalingSpec(
+                int(self.num_workers), as_bool(self.use_gpu), resources, self.placement_strategy
+            ),
+            checkpoint=self.checkpoint,
+            failure=self.failure,
+            run_name=identity.run_name,
+            storage_path=identity.checkpoint_path(self.storage_path),
+            mlflow=MLflowSection(
+                tracking_uri=mlflow_settings["tracking_uri"],
+                registry_uri=mlflow_settings.get("registry_uri"),
+                artifact_location=mlflow_settings.get("artifact_location"),
+                experiment_name=self.experiment_name or identity.dag_id,
+                tags=identity.tags() | {"partition": str(context.get("ds", ""))},
+            ),
+        )
 
     def execute(self, context: Any) -> dict[str, Any]:
         result = super().execute(context)

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from emr_ray.hooks.cos import COSHook, check_unchanged, match_keys, with_inactivity_metadata
+from emr_ray.hooks.cos import COSHook
+from emr_ray.hooks.cos_keys import match_keys
+from emr_ray.hooks.cos_unchanged import check_unchanged, with_inactivity_metadata
 from emr_ray.links.cos import COSObjectLink
 from emr_ray.triggers.cos import COSKeyTrigger
 
@@ -22,7 +24,7 @@ class COSSensor(BaseSensorOperator):
     """Wait until one or more COS objects exist (optionally matching a pattern and passing ``check_fn``).
 
     Poke, reschedule and deferrable modes give the same answers: they share one matcher
-    (:func:`emr_ray.hooks.cos.match_keys`). The task's XCom is the list of matching objects
+    (:func:`emr_ray.hooks.cos_keys.match_keys`). The task's XCom is the list of matching objects
     (``Bucket``, ``Key``, ``Url`` and the requested ``metadata_keys``); on success the task's
     "COS Console" extra link opens the folder holding them.
 
@@ -30,11 +32,11 @@ class COSSensor(BaseSensorOperator):
     stayed the same for that many seconds, for partitions written in place (Airflow's
     ``S3KeysUnchangedSensor``, as an option). Poke and deferrable modes observe the set for the whole
     period (any object added, removed or rewritten restarts the clock), through one check
-    (:func:`emr_ray.hooks.cos.check_unchanged`) whose state travels from the worker to the trigger and
-    back. In reschedule mode Airflow 3 rebuilds the task and clears its XComs at every resume, so there
-    is nothing to compare against: each poke dates the set from its newest ``LastModified`` instead,
-    which sees new and rewritten objects but not deletions; use poke or deferrable mode when writers
-    delete objects (e.g. Spark's overwrite mode).
+    (:func:`emr_ray.hooks.cos_unchanged.check_unchanged`) whose state travels from the worker to the
+    trigger and back. In reschedule mode Airflow 3 rebuilds the task and clears its XComs at every
+    resume, so there is nothing to compare against: each poke dates the set from its newest
+    ``LastModified`` instead, which sees new and rewritten objects but not deletions; use poke or
+    deferrable mode when writers delete objects (e.g. Spark's overwrite mode).
 
     :param bucket_key: a key or a list of keys, each a ``cos://bucket/key`` URL or relative to
         ``bucket_name``; patterns when ``wildcard_match`` or ``use_regex`` (templated).
@@ -148,12 +150,8 @@ class COSSensor(BaseSensorOperator):
         if objects:
             bucket = objects[0]["Bucket"]
             keys = [o["Key"] for o in objects if o["Bucket"] == bucket]
-            COSObjectLink.persist(
-                context,
-                bucket=bucket,
-                region=self.hook.conn_config.region,
-                prefix=COSObjectLink.folder_of(keys),
-            )
+            url = COSObjectLink.url(bucket, self.hook.conn_config.region, COSObjectLink.folder_of(keys))
+            COSObjectLink.persist(context, url)
         return objects
 
     def _accept(self, objects: list[dict[str, Any]], context: Context) -> bool:

@@ -13,9 +13,10 @@ class COSKeyTrigger(BaseTrigger):
     """Poll COS until every key (or pattern) has a match, then yield one terminal event.
 
     The blocking SDK calls run in a thread (``asyncio.to_thread``), never on the triggerer's event
-    loop, through the same matcher as the sensor's poke (:func:`emr_ray.hooks.cos.match_keys`).
+    loop, through the same matcher as the sensor's poke (:func:`emr_ray.hooks.cos_keys.match_keys`).
     With ``inactivity_period`` it also waits until the matched set has stayed unchanged that long,
-    keeping the state of the sensor's own check (:func:`emr_ray.hooks.cos.check_unchanged`) in its loop.
+    keeping the state of the sensor's own check (:func:`emr_ray.hooks.cos_unchanged.check_unchanged`)
+    in its loop.
     The event is ``{"status": "success", "objects": [...]}`` or ``{"status": "error", "message": ...}``.
 
     :param bucket_keys: keys or patterns, each a ``cos://bucket/key`` URL or relative to ``bucket_name``.
@@ -74,7 +75,9 @@ class COSKeyTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from emr_ray.hooks.cos import COSHook, check_unchanged, match_keys, with_inactivity_metadata
+        from emr_ray.hooks.cos import COSHook
+        from emr_ray.hooks.cos_keys import match_keys
+        from emr_ray.hooks.cos_unchanged import check_unchanged, with_inactivity_metadata
 
         hook = COSHook(cos_conn_id=self.cos_conn_id)
         state = self.inactivity_state

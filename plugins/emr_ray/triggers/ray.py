@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from emr_ray.hooks.ray import TERMINAL_STATES, RayHook, interpret_job
@@ -48,32 +47,23 @@ class RayJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = RayHook(self.ray_conn_id)
-        config = await asyncio.to_thread(lambda: hook.conn_config)  # connection lookup is blocking
-        async with httpx.AsyncClient(base_url=config["url"], headers=hook._headers(), verify=config["verify"],
-                                     timeout=hook.timeout) as client:  # fmt: skip
-            try:
+        try:
+            async with hook.async_jobs() as jobs:
                 while True:
-                    job = await self._get(client, hook, f"/api/jobs/{self.submission_id}")
+                    job = await jobs.get_job(self.submission_id)
                     status = (job or {}).get("status", "FAILED")
                     if status in TERMINAL_STATES:
-                        logs = await self._get(client, hook, f"/api/jobs/{self.submission_id}/logs")
-                        yield TriggerEvent(
-                            interpret_job(self.submission_id, job, (logs or {}).get("logs", ""))
-                        )
+                        logs = await jobs.get_job_logs(self.submission_id)
+                        yield TriggerEvent(interpret_job(self.submission_id, job, logs))
                         return
                     if self.deadline is not None and time.time() >= self.deadline:
                         self.log.warning("Deadline reached; stopping Ray job %s", self.submission_id)
-                        await client.post(f"/api/jobs/{self.submission_id}/stop")
+                        await jobs.stop_job(self.submission_id)
                         yield TriggerEvent({"status": "error", "submission_id": self.submission_id,
                                             "job_status": "STOPPED", "message": "execution_timeout reached while "
                                             "deferred; the Ray job was stopped"})  # fmt: skip
                         return
                     await asyncio.sleep(self.poll_interval)
-            except Exception as e:
-                yield TriggerEvent({"status": "error", "submission_id": self.submission_id, "job_status": "UNKNOWN",
-                                    "message": f"{type(e).__name__}: {e}"})  # fmt: skip
-
-    async def _get(self, client: httpx.AsyncClient, hook: RayHook, path: str) -> dict[str, Any] | None:
-        response = await client.get(path)
-        checked = hook._check(response, allow_404=True)
-        return None if checked is None else checked.json()
+        except Exception as e:
+            yield TriggerEvent({"status": "error", "submission_id": self.submission_id, "job_status": "UNKNOWN",
+                                "message": f"{type(e).__name__}: {e}"})  # fmt: skip

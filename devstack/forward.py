@@ -4,8 +4,8 @@
 host reach the UI: the host side listens on 127.0.0.1:<port> and the namespace side connects the
 socket to 127.0.0.1:<port> there. Nothing listens on any other address.
 
-    python -m emr_ray.local.forward tcp-to-unix 8080 /path/ui.sock   # host side
-    python -m emr_ray.local.forward unix-to-tcp /path/ui.sock 8080   # namespace side
+    python -m devstack.forward tcp-to-unix 8080 /path/ui.sock   # host side
+    python -m devstack.forward unix-to-tcp /path/ui.sock 8080   # namespace side
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ and ignored. One lock serializes changes; data is held in memory per request (ke
 
 Run it alone::
 
-    python -m emr_ray.local.webhdfs_server --root .state/hdfs --port 0 --port-file .state/hdfs.port
+    python -m devstack.webhdfs_server --root .state/hdfs --port 0 --port-file .state/hdfs.port
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from emr_ray.local.cos_server import CosStandIn, canonical_header_name
-from tests.fixtures.cos import BUCKET, REGION, SECRET_ID, SECRET_KEY
+from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
+from devstack.cos_server import CosStandIn, canonical_header_name
 
 
 def make_client(port: int, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY):
@@ -187,7 +187,7 @@ def test_pyarrow_reads_and_writes_parquet(cos_server, client, cos_prefix):
 def test_main_runs_as_subprocess_until_sigterm(tmp_path: Path):
     port_file = tmp_path / "cos.port"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "emr_ray.local.cos_server", "--port", "0", "--bucket", "demo-1250000000"]
+        [sys.executable, "-m", "devstack.cos_server", "--port", "0", "--bucket", "demo-1250000000"]
         + ["--port-file", str(port_file)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

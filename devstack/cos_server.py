@@ -27,7 +27,7 @@ Nothing is written to disk. moto is imported lazily, so this module imports with
 
 Run it alone (the demo starts it this way, as a subprocess)::
 
-    python -m emr_ray.local.cos_server --port 0 --bucket demo-1250000000 --port-file .state/cos.port
+    python -m devstack.cos_server --port 0 --bucket demo-1250000000 --port-file .state/cos.port
 """
 
 from __future__ import annotations
@@ -460,9 +460,7 @@ class CosStandIn:
 
 def main(argv: list[str] | None = None) -> int:
     """Serve in the foreground until SIGTERM/SIGINT; write the bound port to ``--port-file`` once ready."""
-    parser = argparse.ArgumentParser(
-        prog="python -m emr_ray.local.cos_server", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m devstack.cos_server", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
     parser.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")

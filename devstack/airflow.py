@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emr_ray.local.stack import LocalStack
+from devstack.stack import LocalStack
 
 USER = "admin"
 COMPONENTS = {

@@ -13,12 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emr_ray.local.ray_head import LocalRay, start_head, stop_head
-
-BUCKET = "emr-ray-demo-1250000000"
-REGION = "ap-guangzhou"
-SECRET_ID = "AKIDlocalDemoSecretId0001"
-SECRET_KEY = "local-demo-secret-key-not-for-production"
+from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
+from devstack.ray_head import LocalRay, start_head, stop_head
 
 
 @dataclass
@@ -37,7 +33,7 @@ class LocalStack:
     _owns_cos: bool = field(default=False, repr=False)
 
     def start(self) -> LocalStack:
-        from emr_ray.local.cos_server import CosStandIn
+        from devstack.cos_server import CosStandIn
 
         self.root = self.root.resolve()
         for sub in ("airflow", "mlflow/artifacts", "data", "ray"):
@@ -133,12 +129,13 @@ class LocalStack:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "4",
             # several processes share the SQLite file: wait for its lock instead of failing requests
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "emr_ray.local.airflow_db.CONNECT_ARGS",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "emr_ray.local.airflow_db.CONNECT_ARGS",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "devstack.airflow_db.CONNECT_ARGS",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "devstack.airflow_db.CONNECT_ARGS",
             "AIRFLOW_VAR_EMR_RAY_RAW_URI": self.raw_uri,
             "AIRFLOW_VAR_EMR_RAY_DIGITS_RAW_URI": self.digits_raw_uri,
             "AIRFLOW_VAR_EMR_RAY_STAGING_URI": self.staging_uri,
             "AIRFLOW_VAR_EMR_RAY_CHECKPOINT_URI": self.checkpoint_uri,
+            # the project root: where these processes import include/ and devstack (the connect args above)
             "PYTHONPATH": os.pathsep.join([str(self.project_root), os.environ.get("PYTHONPATH", "")]).rstrip(
                 os.pathsep
             ),

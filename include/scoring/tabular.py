@@ -1,0 +1,118 @@
+"""Batch scoring of a staged tabular partition: read its test split, predict, commit the predictions.
+
+Called by the scoring DAG's task (``dags/score_tabular.py``), which resolves the model version and
+loads the model through ``MLflowHook``. This module imports neither Airflow nor MLflow: the model is
+anything with ``predict(x) -> class scores`` for a float32 feature matrix (an MLflow pyfunc model).
+
+Input: ``<staging>/tabular/dt=<partition>/test/*.parquet`` (the features and ``label``, as the
+preprocessing job staged them). Output: ``<staging>/predictions/dt=<partition>/part-0.parquet``
+(the same rows plus ``prediction``), committed with a manifest of the row count, the model, its
+version, the accuracy and the partition.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from emr_ray.storage import StorageOptions
+
+LABEL_COLUMN = "label"
+PREDICTION_COLUMN = "prediction"
+
+
+class Predictor(Protocol):
+    """A model that maps a feature matrix to one score per class (an MLflow pyfunc model)."""
+
+    def predict(self, x: Any) -> Any: ...
+
+
+def staged_uri(staging_uri: str, partition: str) -> str:
+    """The staged partition the preprocessing job committed: ``<staging>/tabular/dt=<partition>``."""
+    from emr_ray import storage
+
+    return storage.join(staging_uri, "tabular", f"dt={partition}")
+
+
+def predictions_uri(staging_uri: str, partition: str) -> str:
+    """Where the predictions of ``partition`` are committed: ``<staging>/predictions/dt=<partition>``."""
+    from emr_ray import storage
+
+    return storage.join(staging_uri, "predictions", f"dt={partition}")
+
+
+def feature_matrix(table: pa.Table, label: str = LABEL_COLUMN) -> np.ndarray:
+    """Every column but ``label``, in table order, as one float32 matrix (rows by features)."""
+    import numpy as np
+
+    features = [c for c in table.column_names if c != label]
+    return np.column_stack([table[c].to_numpy() for c in features]).astype(np.float32)
+
+
+def predict_classes(model: Predictor, x: np.ndarray) -> np.ndarray:
+    """The class with the highest score for each row of ``x``."""
+    import numpy as np
+
+    return np.asarray(model.predict(x)).argmax(axis=1)
+
+
+def score_partition(
+    staging_uri: str,
+    partition: str,
+    model: Predictor,
+    *,
+    model_name: str,
+    version: str | int,
+    options: StorageOptions | None = None,
+) -> dict[str, Any]:
+    """
+    Score the test split of ``partition`` with ``model`` and commit the predictions partition.
+
+    :param staging_uri: the staging root (``cos://``, ``hdfs://`` or ``file://``).
+    :param partition: the partition date, ``YYYY-MM-DD`` (the model version's ``partition`` tag).
+    :param model: the loaded model.
+    :param model_name: the registered model's name, for the manifest.
+    :param version: the model version, for the manifest (as MLflow returned it).
+    :param options: storage connection options (None for ``file://``).
+    :returns: ``partition``, ``version``, ``rows``, ``accuracy`` and ``predictions_uri`` (the XCom).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from emr_ray import storage
+
+    source = staged_uri(staging_uri, partition)
+    files = storage.list_parquet_files(storage.join(source, "test"), options)
+    fsys = storage.filesystem(source, options)
+    table = pa.concat_tables([pq.read_table(f, filesystem=fsys) for f in files])
+    predicted = predict_classes(model, feature_matrix(table))
+    accuracy = float((predicted == table[LABEL_COLUMN].to_numpy()).mean())
+
+    final = predictions_uri(staging_uri, partition)
+    tmp = storage.staging_uri(final)
+    tmp_path = storage.split_uri(tmp)[1]
+    fsys.create_dir(tmp_path, recursive=True)
+    pq.write_table(
+        table.append_column(PREDICTION_COLUMN, pa.array(predicted)),
+        f"{tmp_path}/part-0.parquet",
+        filesystem=fsys,
+    )
+    manifest = {
+        "rows": table.num_rows,
+        "model": model_name,
+        "version": version,
+        "accuracy": accuracy,
+        "partition": partition,
+    }
+    storage.commit(tmp, final, manifest, options)
+    print(f"Scored {table.num_rows} rows of {source} with {model_name} v{version}: accuracy {accuracy:.4f}")
+    return {
+        "partition": partition,
+        "version": version,
+        "rows": table.num_rows,
+        "accuracy": accuracy,
+        "predictions_uri": final,
+    }

@@ -1,0 +1,215 @@
+"""The model registry half of :class:`~emr_ray.hooks.mlflow.MLflowHook`: models, versions, aliases.
+
+A mixin, so callers keep one hook (``hook.set_alias(...)``) while ``hooks/mlflow.py`` keeps the
+connection, credentials, links and runs. Every method runs its MLflow calls inside the hook's
+:meth:`~emr_ray.hooks.mlflow.MLflowHook.credentials` and imports ``mlflow`` only when called.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+#: Model version tag that records the model's name in the run (``log_model(name=...)``).
+TAG_ARTIFACT_PATH = "artifact_path"
+
+
+class _Host(Protocol):
+    """What the mixin needs from the hook it is mixed into."""
+
+    @property
+    def client(self) -> MlflowClient: ...
+
+    @property
+    def log(self) -> Any: ...  # Airflow's logger
+
+    @property
+    def tracking_uri(self) -> str: ...
+
+    @property
+    def registry_uri(self) -> str: ...
+
+    def credentials(self) -> AbstractContextManager[None]: ...
+
+
+class MLflowRegistryMixin:
+    """Registered models, model versions and aliases, through the hook's client and credentials."""
+
+    def ensure_registered_model(self: _Host, name: str) -> bool:
+        """
+        Create registered model ``name`` unless it exists; True when this call created it.
+
+        Safe against a concurrent task creating the same model between the check and the create.
+
+        :param name: registered model name.
+        """
+        from mlflow.exceptions import MlflowException
+
+        with self.credentials():
+            try:
+                self.client.get_registered_model(name)
+                return False
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+            try:
+                self.client.create_registered_model(name)
+            except MlflowException as e:  # created concurrently by another task
+                if e.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+                    raise
+                return False
+        self.log.info("Created registered model %s", name)
+        return True
+
+    def find_version_from_run(self: _Host, name: str, run_id: str, artifact_path: str) -> ModelVersion | None:
+        """
+        The earliest version of ``name`` registered from ``run_id`` and ``artifact_path``, or None.
+
+        This is what makes registration idempotent: a retry finds the version its first try made.
+        Versions without an ``artifact_path`` tag count as registered from ``artifact_path``.
+
+        :param name: registered model name.
+        :param run_id: MLflow run the version was registered from.
+        :param artifact_path: the model's name in the run.
+        """
+        from mlflow.exceptions import MlflowException
+
+        with self.credentials():
+            try:
+                versions = self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+            except MlflowException as e:
+                if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                    return None
+                raise
+        same = [v for v in versions if v.tags.get(TAG_ARTIFACT_PATH, artifact_path) == artifact_path]
+        return min(same, key=lambda v: int(v.version)) if same else None
+
+    def get_aliases(self: _Host, name: str) -> dict[str, str]:
+        """
+        The aliases of registered model ``name``, alias to version (as a string).
+
+        :param name: registered model name.
+        """
+        with self.credentials():
+            aliases = self.client.get_registered_model(name).aliases or {}
+        return {str(alias): str(version) for alias, version in aliases.items()}
+
+    def aliases_of_version(self: _Host, name: str, version: str | int) -> list[str]:
+        """
+        The aliases that point at ``version`` of ``name``, sorted.
+
+        :param name: registered model name.
+        :param version: model version.
+        """
+        with self.credentials():
+            aliases = self.client.get_registered_model(name).aliases or {}
+        return sorted(str(alias) for alias, v in aliases.items() if str(v) == str(version))
+
+    def get_model_version(self: _Host, name: str, version: str | int) -> ModelVersion:
+        """
+        Model version ``version`` of ``name``.
+
+        :param name: registered model name.
+        :param version: model version.
+        """
+        with self.credentials():
+            return self.client.get_model_version(name, str(version))
+
+    def get_model_version_by_alias(self: _Host, name: str, alias: str) -> ModelVersion:
+        """
+        The version of ``name`` that ``alias`` points at.
+
+        :param name: registered model name.
+        :param alias: alias, e.g. ``champion``.
+        """
+        with self.credentials():
+            return self.client.get_model_version_by_alias(name, alias)
+
+    def create_model_version(
+        self: _Host,
+        name: str,
+        *,
+        source: str,
+        run_id: str,
+        tags: dict[str, str] | None = None,
+        description: str | None = None,
+        model_id: str | None = None,
+    ) -> ModelVersion:
+        """
+        Register a new version of ``name`` from ``source`` (see ``resolve_model_source``).
+
+        :param name: registered model name (must exist: :meth:`ensure_registered_model`).
+        :param source: where the model's files live.
+        :param run_id: MLflow run that logged the model.
+        :param tags: model version tags.
+        :param description: model version description.
+        :param model_id: the MLflow 3 logged model id, when there is one.
+        """
+        with self.credentials():
+            return self.client.create_model_version(
+                name=name,
+                source=source,
+                run_id=run_id,
+                tags=tags,
+                description=description,
+                model_id=model_id,
+            )
+
+    def set_alias(self: _Host, name: str, alias: str, version: str | int) -> None:
+        """
+        Point ``alias`` of ``name`` at ``version`` (moving it from any other version).
+
+        :param name: registered model name.
+        :param alias: alias, e.g. ``champion``.
+        :param version: model version.
+        """
+        with self.credentials():
+            self.client.set_registered_model_alias(name, alias, str(version))
+
+    def link_logged_model(self: _Host, model_id: str, name: str, version: str | int) -> bool:
+        """
+        Record ``name`` v``version`` on MLflow 3 logged model ``model_id``, as ``mlflow.register_model`` does.
+
+        Cosmetic (the UI shows the model's versions): a failure is logged as a warning and returns False.
+
+        :param model_id: the logged model's id (``m-...``).
+        :param name: registered model name.
+        :param version: model version.
+        """
+        try:
+            from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+            with self.credentials():
+                model = self.client.get_logged_model(model_id)
+                linked: list[Any] = json.loads(model.tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+                linked.append({"name": name, "version": str(version)})
+                self.client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(linked)})
+        except Exception as e:  # cosmetic: the registry entry exists either way
+            self.log.warning("Could not link logged model %s to %s v%s: %s", model_id, name, version, e)
+            return False
+        return True
+
+    def load_pyfunc_model(self: _Host, name: str, version: str | int) -> Any:
+        """
+        Version ``version`` of ``name`` as an MLflow pyfunc model (downloaded to a temporary folder).
+
+        The files are located through this hook's client and downloaded with its URIs, never
+        through MLflow's process-wide default tracking URI, which this leaves unset.
+
+        :param name: registered model name.
+        :param version: model version (resolve an alias first: :meth:`get_model_version_by_alias`).
+        """
+        import mlflow.pyfunc
+        from mlflow.artifacts import download_artifacts
+
+        with self.credentials():
+            source = self.client.get_model_version_download_uri(name, str(version))
+            local = download_artifacts(
+                artifact_uri=source, tracking_uri=self.tracking_uri, registry_uri=self.registry_uri
+            )
+        return mlflow.pyfunc.load_model(local)

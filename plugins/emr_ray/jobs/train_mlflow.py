@@ -1,0 +1,167 @@
+"""The training job's MLflow side: the run, per-epoch metrics, the model and its loss curve.
+
+Runs on the cluster, in the job's driver and (for the epoch callback) in Ray Train's controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from typing import Any
+
+from emr_ray import train as emr_train
+from emr_ray.spec import TrainJobSpec, import_by_path
+
+log = logging.getLogger("emr_ray.jobs.train")
+
+
+def client(spec: TrainJobSpec):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=spec.mlflow.tracking_uri, registry_uri=spec.mlflow.registry_uri)
+
+
+def start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
+    """The MLflow run of this training: the stored one when resuming, else a new one with the params."""
+    mlflow_client = client(spec)
+    if resume_run_id:
+        mlflow_client.update_run(resume_run_id, status="RUNNING")
+        log.info("Resuming MLflow run %s", resume_run_id)
+        return resume_run_id
+    settings = spec.mlflow
+    experiment = mlflow_client.get_experiment_by_name(settings.experiment_name)
+    if experiment:
+        experiment_id = experiment.experiment_id
+    else:
+        experiment_id = mlflow_client.create_experiment(
+            settings.experiment_name, artifact_location=settings.artifact_location
+        )
+    tags = {**settings.tags, "emr_ray.run_name": spec.run_name}
+    run = mlflow_client.create_run(experiment_id, run_name=spec.run_name, tags=tags)
+    params = {k: v for k, v in spec.config.items() if not isinstance(v, (list, dict))}
+    params |= {f"scaling.{k}": v for k, v in spec.scaling.to_dict().items()}
+    params |= {f"data.{k}": v for k, v in spec.datasets.items()}
+    for key, value in params.items():
+        mlflow_client.log_param(run.info.run_id, key, str(value)[:6000])
+    return run.info.run_id
+
+
+def epoch_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
+    """A Ray Train callback (it runs in the controller) that logs each epoch to the log and to MLflow."""
+    from ray.train import UserCallback
+
+    class EpochLogger(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            import mlflow
+
+            first = dict(metrics[0])
+            epoch = int(first.pop("epoch", 0))
+            text = " ".join(
+                f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(first.items())
+            )
+            print(f"[emr_ray] epoch {epoch + 1}/{epochs} {text}", flush=True)
+            numeric = {k: float(v) for k, v in first.items() if isinstance(v, (int, float))}
+            mlflow.MlflowClient(tracking_uri=tracking_uri).log_batch(
+                mlflow_run_id,
+                metrics=[
+                    mlflow.entities.Metric(k, v, int(time.time() * 1000), epoch) for k, v in numeric.items()
+                ],
+            )
+
+    return EpochLogger()
+
+
+def backfill_checkpointed_epochs(fsys, run_path: str, spec: TrainJobSpec, mlflow_run_id: str) -> None:
+    """Log the epochs a stopped attempt checkpointed but had no time to send to MLflow.
+
+    The metrics come from the checkpoints themselves, read through :mod:`emr_ray.train`.
+    """
+    import mlflow
+    from pyarrow import fs as pafs
+
+    mlflow_client = client(spec)
+    logged = {m.step for m in mlflow_client.get_metric_history(mlflow_run_id, "test_loss")}
+    infos = fsys.get_file_info(pafs.FileSelector(run_path, allow_not_found=True))
+    for directory in sorted(
+        i.path for i in infos if i.type == pafs.FileType.Directory and "/checkpoint_" in i.path
+    ):
+        metrics = _checkpoint_metrics(fsys, directory)
+        if not metrics:
+            continue
+        epoch = int(metrics.pop("epoch", -1))
+        if epoch >= 0 and epoch not in logged:
+            stamp = int(time.time() * 1000)
+            numeric = [mlflow.entities.Metric(k, float(v), stamp, epoch) for k, v in metrics.items()
+                       if isinstance(v, (int, float))]  # fmt: skip
+            mlflow_client.log_batch(mlflow_run_id, metrics=numeric)
+            log.info("Backfilled MLflow metrics of checkpointed epoch %d", epoch)
+
+
+def _checkpoint_metrics(fsys, directory: str) -> dict[str, Any] | None:
+    """A checkpoint's metrics, copied from its (possibly remote) directory to read it with emr_ray.train."""
+    from pyarrow import fs as pafs
+
+    remote = f"{directory}/{emr_train.METRICS_FILE}"
+    if fsys.get_file_info(remote).type != pafs.FileType.File:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        with (
+            fsys.open_input_stream(remote) as f,
+            open(os.path.join(tmp, emr_train.METRICS_FILE), "wb") as out,
+        ):
+            out.write(f.read())
+        return emr_train.read_metrics(tmp)
+
+
+def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example) -> None:
+    """Rebuild the model from the best checkpoint and log it (with signature and input example)."""
+    import mlflow
+    import torch
+
+    module = spec.model_module
+    model = import_by_path(f"{module}:build_model")(spec.config)
+    with checkpoint.as_directory() as ckpt_dir:
+        emr_train.load_weights(model, ckpt_dir)
+    model.eval()
+    mlflow.set_tracking_uri(spec.mlflow.tracking_uri)
+    code_dir = os.path.dirname(os.path.dirname(os.path.abspath(import_by_path(f"{module}:__file__"))))
+    with mlflow.start_run(run_id=mlflow_run_id):
+        mlflow.pytorch.log_model(
+            model,
+            name="model",
+            input_example=example,
+            code_paths=[code_dir] if os.path.basename(code_dir) == "include" else None,
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
+        )
+
+
+def log_loss_curve(mlflow_client, mlflow_run_id: str, title: str) -> None:
+    """Plot the per-epoch losses (and accuracy) from MLflow's history into ``loss_curve.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = {
+        key: sorted((m.step, m.value) for m in mlflow_client.get_metric_history(mlflow_run_id, key))
+        for key in ("train_loss", "test_loss", "test_accuracy")
+    }
+    if not history["train_loss"]:
+        return
+    figure, (losses, accuracy) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for key in ("train_loss", "test_loss"):
+        losses.plot([s + 1 for s, _ in history[key]], [v for _, v in history[key]], marker="o", label=key)
+    losses.set(xlabel="epoch", ylabel="loss", title="loss")
+    losses.legend()
+    points = history["test_accuracy"]
+    accuracy.plot([s + 1 for s, _ in points], [v for _, v in points], marker="o", color="tab:green")
+    accuracy.set(xlabel="epoch", ylabel="accuracy", title="test accuracy")
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "loss_curve.png")
+        figure.savefig(path, dpi=100)
+        mlflow_client.log_artifact(mlflow_run_id, path)
+    plt.close(figure)

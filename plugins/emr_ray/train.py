@@ -1,0 +1,137 @@
+"""The public API for user training code: what a Ray Train worker loop in ``include/`` may use.
+
+A training module (the one ``TorchTrainOperator(train_loop="pkg.module:train_loop")`` names) follows
+:class:`TrainingModule`: ``build_model(config)`` returns the ``torch.nn.Module`` (the job calls it
+again to log the trained weights), and ``train_loop(config)`` runs on every Ray Train worker. Inside
+the loop:
+
+- :func:`worker_shard` gives this worker's rows of a named dataset (a pyarrow Table read straight
+  from the committed Parquet files: equal shards for ``train``, all rows spread for the others);
+- :func:`latest_state` gives the state to resume from (after a worker restart or an Airflow retry);
+- :func:`report_epoch` reports an epoch's metrics and, from rank 0, checkpoints the model and
+  optimizer in the one format the job reads back (:func:`load_weights`, :func:`read_metrics`).
+
+The checkpoint files are this module's business: user code never names them, so the job can rely on
+them. Runs on the cluster: never imports Airflow; torch and ray are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from emr_ray.jobs import shards
+
+#: the model and optimizer state inside a checkpoint directory
+STATE_FILE = "state.pt"
+#: the epoch's reported metrics inside a checkpoint directory
+METRICS_FILE = "metrics.json"
+
+
+class TrainingModule(Protocol):
+    """What the module named by ``train_loop`` provides."""
+
+    def build_model(self, config: dict[str, Any]) -> Any:
+        """A fresh ``torch.nn.Module`` for ``config`` (the loop's config, hyperparameters included)."""
+
+    def train_loop(self, config: dict[str, Any]) -> None:
+        """The per-worker loop: read :func:`worker_shard`, train, :func:`report_epoch` every epoch."""
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """A checkpoint as the loop wrote it: weights, optimizer state, the epoch (0-based), its metrics."""
+
+    model: dict[str, Any]
+    optimizer: dict[str, Any] | None
+    epoch: int
+    metrics: dict[str, Any]
+
+
+def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
+    """This Ray Train worker's rows of dataset ``name`` (a pyarrow Table; ``None`` when it has none).
+
+    Call inside a Ray Train loop with the ``config`` the loop received: the job put the shard plan
+    there (file list and row counts, no secrets). The storage credentials come from the job's
+    environment, which Ray passes on to the workers.
+    """
+    import ray.train
+
+    from emr_ray import storage
+    from emr_ray.spec import StorageSection
+
+    plan = config[shards.PLAN_KEY]
+    entry = plan["datasets"][name]
+    context = ray.train.get_context()
+    pieces = shards.plan(
+        [(p, int(n)) for p, n in entry["files"]], context.get_world_size(), equal=entry["equal"]
+    )
+    options = StorageSection.from_dict(plan.get("storage") or {}).options()
+    return shards.read(pieces[context.get_world_rank()], storage.filesystem(entry["uri"], options), columns)
+
+
+def save_state(directory: str, *, model: Any, optimizer: Any, epoch: int, metrics: dict[str, Any]) -> None:
+    """Write a checkpoint directory: the (unwrapped) model's weights, the optimizer, the metrics."""
+    import torch
+
+    unwrapped = model.module if hasattr(model, "module") else model
+    state = {"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
+             "epoch": int(epoch)}  # fmt: skip
+    torch.save(state, os.path.join(directory, STATE_FILE))
+    with open(os.path.join(directory, METRICS_FILE), "w") as f:
+        json.dump(metrics, f)
+
+
+def load_state(directory: str) -> TrainState:
+    """Read a checkpoint directory written by :func:`save_state` (tensors on the CPU)."""
+    import torch
+
+    state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu")
+    return TrainState(
+        state["model"], state.get("optimizer"), int(state["epoch"]), read_metrics(directory) or {}
+    )
+
+
+def read_metrics(directory: str) -> dict[str, Any] | None:
+    """The metrics a checkpoint directory holds, or None when it holds none."""
+    path = os.path.join(directory, METRICS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_weights(model: Any, directory: str) -> Any:
+    """Load a checkpoint's weights into ``model`` (a fresh ``build_model(config)``); returns it."""
+    model.load_state_dict(load_state(directory).model)
+    return model
+
+
+def latest_state() -> TrainState | None:
+    """The state to resume from inside a Ray Train loop, or None on a fresh start."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if not checkpoint:
+        return None
+    with checkpoint.as_directory() as directory:
+        return load_state(directory)
+
+
+def report_epoch(metrics: dict[str, Any], *, model: Any, optimizer: Any, epoch: int) -> None:
+    """Report one epoch to Ray Train; rank 0 attaches a checkpoint of ``model`` and ``optimizer``.
+
+    Every worker must call it once per epoch (Ray Train waits for all ranks).
+    """
+    import ray.train
+
+    metrics = {"epoch": int(epoch), **metrics}
+    if ray.train.get_context().get_world_rank() != 0:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        save_state(tmp, model=model, optimizer=optimizer, epoch=epoch, metrics=metrics)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
