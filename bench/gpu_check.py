@@ -3,7 +3,7 @@
 What it proves: that ``emr_ray.jobs.train`` (the job the operator submits) trains the shipped loop
 ``include.models.tabular:train_loop`` on a CUDA device end to end, with nothing patched: it stages a
 committed Parquet partition with the project's own code (``include.data.synthetic``,
-``emr_ray.storage.commit``), starts a local Ray head with one GPU (``devstack.ray_head``), builds the
+``emr_ray.partitions.write_tables``), starts a local Ray head with one GPU (``devstack.ray_head``), builds the
 ``TrainJobSpec`` the operator builds (``ScalingSpec(num_workers=1, use_gpu=True)``), and runs
 ``python -m emr_ray.jobs.train --spec ... --result-file ...`` against the head, as the Ray job's
 entrypoint does. The best checkpoint's ``state.pt`` is then loaded with ``map_location=None``: the
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack import ray_head
-from emr_ray import storage
+from emr_ray import partitions, storage
 from emr_ray import train as emr_train
 from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, MLflowSection, ScalingSpec, TrainJobSpec, parse_marked
 from include.data.synthetic import FEATURE_COLUMNS, LABEL_COLUMN, make_partition
@@ -56,32 +56,25 @@ def log(message: str) -> None:
     print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def stage_partition(root: Path, rows: int, test_rows: int) -> str:
-    """A committed, standardised partition with ``train/`` and ``test/`` Parquet (as preprocessing writes)."""
+def stage_partition(root: Path, rows: int, test_rows: int) -> partitions.Committed:
+    """A committed, standardised partition with ``train`` and ``test`` outputs (as preprocessing commits it)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     final = f"file://{root}/tabular/dt={PARTITION}"
-    tmp = storage.staging_uri(final)
     table = make_partition(PARTITION, rows + test_rows)
     for column in FEATURE_COLUMNS:
         values = table[column].to_numpy()
         scaled = pa.array(((values - values.mean()) / values.std()).astype("float32"))
         table = table.set_column(table.schema.get_field_index(column), column, scaled)
     parts = {"train": table.slice(0, rows), "test": table.slice(rows)}
-    for name, part in parts.items():
-        folder = Path(storage.split_uri(tmp)[1]) / name
-        folder.mkdir(parents=True)
-        pq.write_table(part, folder / "part-0.parquet")
-    storage.commit(tmp, final, {"outputs": {n: {"rows": p.num_rows} for n, p in parts.items()}})
-    return final
+    return partitions.write_tables(final, parts, {"partition": PARTITION})
 
 
-def build_spec(root: Path, partition: str, args: argparse.Namespace) -> TrainJobSpec:
+def build_spec(root: Path, partition: partitions.Committed, args: argparse.Namespace) -> TrainJobSpec:
     """The spec ``TorchTrainOperator.build_spec`` would build for this partition."""
     return TrainJobSpec(
         train_loop="include.models.tabular:train_loop",
-        datasets={"train": f"{partition}/train", "test": f"{partition}/test"},
+        datasets={name: partition.output_uri(name) for name in ("train", "test")},
         run_name="gpu-check",
         storage_path=f"file://{root}/checkpoints/gpu-check",
         mlflow=MLflowSection(
@@ -148,7 +141,9 @@ def check(root: Path, state_dir: Path, args: argparse.Namespace, out: dict[str, 
     spec_file, result_file = root / "spec.json", root / "result.json"
     spec_file.write_text(spec.to_json())
     out["spec"] = spec.to_dict()
-    log(f"staged {partition}; starting a Ray head ({args.num_cpus} CPUs, {int(use_gpu)} GPU) in {state_dir}")
+    log(
+        f"staged {partition.partition_uri} ({partition.generation}); starting a Ray head ({args.num_cpus} CPUs, {int(use_gpu)} GPU) in {state_dir}"
+    )
 
     started = time.monotonic()
     local = ray_head.start_head(state_dir, num_cpus=args.num_cpus, num_gpus=int(use_gpu))

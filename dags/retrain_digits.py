@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import DAG, Param
 
 from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.operators.torch import TorchTrainOperator
-from emr_ray.params import PARTITION_TEMPLATE, partition_param
+from emr_ray.params import (
+    PARTITION_TEMPLATE,
+    committed_generation,
+    committed_output,
+    history_start,
+    partition_param,
+)
 from emr_ray.sensors.cos import COSSensor
 
 PIXELS = [f"p{i:02d}" for i in range(64)]
@@ -29,7 +34,7 @@ with DAG(
     dag_id="retrain_digits",
     description="Retrain the digits CNN on the day's partition and promote it if it beats the champion.",
     schedule="@daily",
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    start_date=history_start(),
     catchup=False,
     max_active_runs=1,
     tags=["emr-ray", "retraining", "images"],
@@ -39,6 +44,16 @@ with DAG(
         "epochs": Param(12, type="integer", minimum=1, maximum=200),
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "num_workers": Param(2, type="integer", minimum=1, maximum=64),
+        "force_recompute": Param(
+            False,
+            type="boolean",
+            description="Recompute every step: reuse no earlier try's job and no stored training result.",
+        ),
+        "promote_historical": Param(
+            False,
+            type="boolean",
+            description="Let a backfill, or a partition older than the champion's, replace the champion.",
+        ),
     },
     doc_md=__doc__,
 ) as dag:
@@ -46,7 +61,16 @@ with DAG(
         task_id="wait_for_partition", bucket_key=f"{RAW}/dt={PARTITION}/_SUCCESS", poke_interval=60,
         timeout=6 * 3600, mode="reschedule",
     )  # fmt: skip
-    check_cluster = RayConnectOperator(task_id="check_cluster", min_ray_version="2.50", required_cpus=2)
+    check_cluster = RayConnectOperator(
+        task_id="check_cluster",
+        min_ray_version="2.50",
+        # what this run will ask for, as preprocess and train below request it (Spark stops before training)
+        workers="{{ params.num_workers }}",
+        resources_per_worker={"CPU": 1},
+        spark_executors=1,
+        spark_executor_cores=1,
+        spark_executor_memory="1g",
+    )
     preprocess = RayDPSparkOperator(
         task_id="preprocess",
         preprocess="include.preprocessing.digits:augment",
@@ -60,13 +84,15 @@ with DAG(
             "test_fraction": 0.2,
             "seed": 42,
         },
+        force_recompute="{{ params.force_recompute }}",
         pool="ray_cluster",
         execution_timeout=timedelta(minutes=30),
     )
     train = TorchTrainOperator(
         task_id="train",
         train_loop="include.models.digits:train_loop",
-        datasets={"train": f"{STAGED}/train", "test": f"{STAGED}/test"},
+        # exactly the generation this run's preprocessing committed, never "whatever is current"
+        datasets={name: committed_output("preprocess", name) for name in ("train", "test")},
         storage_path=CHECKPOINTS,
         config={
             "feature_columns": PIXELS,
@@ -80,6 +106,8 @@ with DAG(
         score_attribute="test_accuracy",
         score_order="max",
         experiment_name="retrain_digits",
+        compare_with_model="digits-cnn",  # scores the champion on this run's test rows, for register
+        force_recompute="{{ params.force_recompute }}",
         pool="ray_cluster",
         execution_timeout=timedelta(hours=1),
     )
@@ -89,7 +117,13 @@ with DAG(
         run_id="{{ ti.xcom_pull(task_ids='train')['mlflow_run_id'] }}",
         metric="test_accuracy",
         direction="max",
-        version_tags={"partition": PARTITION, "data_uri": STAGED},
+        version_tags={
+            "partition": PARTITION,
+            "data_uri": STAGED,
+            "generation": committed_generation("preprocess"),
+        },
+        promote_historical="{{ params.promote_historical }}",
+        pool="mlflow_promotion",  # one slot: promotions of a model never interleave
     )
 
     wait_for_partition >> check_cluster >> preprocess >> train >> register

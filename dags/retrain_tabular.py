@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import DAG, Param, task
 
 from emr_ray.deadlines import warn_after
@@ -19,7 +18,13 @@ from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.operators.torch import TorchTrainOperator
-from emr_ray.params import PARTITION_TEMPLATE, partition_param
+from emr_ray.params import (
+    PARTITION_TEMPLATE,
+    committed_generation,
+    committed_output,
+    history_start,
+    partition_param,
+)
 from emr_ray.sensors.cos import COSSensor
 
 FEATURES = [f"f{i:02d}" for i in range(16)]
@@ -34,7 +39,7 @@ with DAG(
     dag_id="retrain_tabular",
     description="Retrain the tabular MLP on the day's partition and promote it if it beats the champion.",
     schedule="@daily",
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    start_date=history_start(),
     catchup=False,
     max_active_runs=1,
     tags=["emr-ray", "retraining", "tabular"],
@@ -50,6 +55,16 @@ with DAG(
         "register_only_if_better": Param(
             False, type="boolean", description="Register nothing unless it beats the champion."
         ),
+        "force_recompute": Param(
+            False,
+            type="boolean",
+            description="Recompute every step: reuse no earlier try's job and no stored training result.",
+        ),
+        "promote_historical": Param(
+            False,
+            type="boolean",
+            description="Let a backfill, or a partition older than the champion's, replace the champion.",
+        ),
         "dry_run": Param(
             False, type="boolean", description="Validate the partition and the cluster; train nothing."
         ),
@@ -63,7 +78,16 @@ with DAG(
         timeout=6 * 3600,
         mode="reschedule",
     )
-    check_cluster = RayConnectOperator(task_id="check_cluster", min_ray_version="2.50", required_cpus=2)
+    check_cluster = RayConnectOperator(
+        task_id="check_cluster",
+        min_ray_version="2.50",
+        # what this run will ask for, as preprocess and train below request it (Spark stops before training)
+        workers="{{ params.num_workers }}",
+        resources_per_worker={"CPU": 1},
+        spark_executors=1,
+        spark_executor_cores=1,
+        spark_executor_memory="1g",
+    )
     preprocess = RayDPSparkOperator(
         task_id="preprocess",
         preprocess="include.preprocessing.tabular:standardize",
@@ -82,6 +106,7 @@ with DAG(
         executor_cores=1,
         executor_memory="1g",
         validate_only="{{ params.dry_run }}",
+        force_recompute="{{ params.force_recompute }}",
         pool="ray_cluster",
         execution_timeout=timedelta(minutes=30),
     )
@@ -94,7 +119,8 @@ with DAG(
     train = TorchTrainOperator(
         task_id="train",
         train_loop="include.models.tabular:train_loop",
-        datasets={"train": f"{STAGED}/train", "test": f"{STAGED}/test"},
+        # exactly the generation this run's preprocessing committed, never "whatever is current"
+        datasets={name: committed_output("preprocess", name) for name in ("train", "test")},
         storage_path=CHECKPOINTS,
         config={
             "feature_columns": FEATURES,
@@ -107,6 +133,8 @@ with DAG(
         num_workers="{{ params.num_workers }}",
         use_gpu=False,
         experiment_name="retrain_tabular",
+        compare_with_model="tabular-mlp",  # scores the champion on this run's test rows, for register
+        force_recompute="{{ params.force_recompute }}",
         pool="ray_cluster",
         execution_timeout=timedelta(hours=2),
     )
@@ -116,9 +144,15 @@ with DAG(
         run_id="{{ ti.xcom_pull(task_ids='train')['mlflow_run_id'] }}",
         metric="test_accuracy",
         direction="max",
-        version_tags={"partition": PARTITION, "data_uri": STAGED},
+        version_tags={
+            "partition": PARTITION,
+            "data_uri": STAGED,
+            "generation": committed_generation("preprocess"),
+        },
         description="tabular MLP trained on partition " + PARTITION,
         register_only_if_better="{{ params.register_only_if_better }}",
+        promote_historical="{{ params.promote_historical }}",
+        pool="mlflow_promotion",  # one slot: promotions of a model never interleave
     )
 
     wait_for_partition >> check_cluster >> preprocess >> unless_dry_run() >> train >> register

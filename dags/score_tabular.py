@@ -2,19 +2,19 @@
 
 Scheduled on the registered model's Airflow Asset (``x-mlflow://models/tabular-mlp``), which
 ``MLflowRegisterOperator`` updates on every registration. Resolves ``tabular-mlp@champion`` to a
-version once, loads that version, scores the staged test split of the partition it was trained on,
-and commits the predictions as ``<staging>/predictions/dt=<partition>/`` (see
-``include/scoring/tabular.py``).
+version once, loads that version, scores the staged test split of the partition and generation it
+was trained on (its ``partition`` and ``generation`` tags), and commits the predictions as a new
+generation of ``<staging>/predictions/dt=<partition>/`` (see ``include/scoring/tabular.py``).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import DAG, task
 
 from emr_ray.operators.mlflow import mlflow_model_asset
+from emr_ray.params import history_start
 
 MODEL = "tabular-mlp"
 STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
@@ -23,7 +23,7 @@ with DAG(
     dag_id="score_tabular",
     description="Score the staged partition with the champion whenever a model version is registered.",
     schedule=[mlflow_model_asset(MODEL)],
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    start_date=history_start(),
     catchup=False,
     max_active_runs=1,
     tags=["emr-ray", "scoring", "tabular"],
@@ -51,6 +51,7 @@ with DAG(
             hook.load_pyfunc_model(model, version.version),
             model_name=model,
             version=version.version,
+            generation=version.tags.get("generation"),
             options=options,
         )
 

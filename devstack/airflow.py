@@ -69,6 +69,8 @@ class LocalAirflow:
         self._airflow("db", "migrate")
         # Every Ray-heavy task takes the one slot: runs queue instead of oversubscribing the cluster.
         self._airflow("pools", "set", "ray_cluster", "1", "Tasks that run Ray jobs on the local cluster")
+        # Promotions of a model one at a time: each decides against the champion the previous one left.
+        self._airflow("pools", "set", "mlflow_promotion", "1", "Model promotions, one at a time")
         logs = self.home / "logs"
         logs.mkdir(exist_ok=True)
         for name in COMPONENTS:

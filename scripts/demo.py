@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 
 from devstack.stack import LocalStack
-from emr_ray import storage
+from emr_ray import partitions, storage
+from emr_ray.params import HISTORY_START_ENV, history_start
 
 PROJECT = Path(__file__).resolve().parents[1]
 
-SHOW = re.compile(r"\[emr_ray\] epoch|Read \d+ rows|Wrote output|Committed partition|Submitted Ray job|Reattaching"
+SHOW = re.compile(r"\[emr_ray\] epoch|Read \d+ rows|Wrote output|Committed generation|superseded|Submitted Ray job|Reattaching"
                   r"|Final test_|champion|Marking task as|Ray \d+\.\d+.* node|ERROR|Error|failed")  # fmt: skip
 NOISE = re.compile(r"DeprecationWarning|StatusConsoleListener")
 DAG_ID = "retrain_tabular"
@@ -55,7 +56,7 @@ def run_dag(env: dict[str, str], date: str, log_path: Path) -> int:
 def summary(stack: LocalStack, date: str) -> None:
     import mlflow
 
-    manifest = storage.read_manifest(storage.join(stack.staging_uri, "tabular", f"dt={date}"))
+    manifest = partitions.require_current(storage.join(stack.staging_uri, "tabular", f"dt={date}")).manifest
     client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
     versions = [v for v in client.search_model_versions(f"name='{MODEL}'") if v.tags.get("partition") == date]
     latest = max(versions, key=lambda v: int(v.version)) if versions else None
@@ -88,12 +89,57 @@ def summary(stack: LocalStack, date: str) -> None:
     print(f"    full Airflow log    {stack.root / 'dags_test.log'}")
 
 
+class UserError(Exception):
+    """Something the user asked for that cannot run: printed as one line, without a traceback."""
+
+
+def check_date(value: str) -> str:
+    """The ``--date`` the DAG can run: an ISO date, not before the DAGs' first date, not in the future."""
+    try:
+        storage.validate_partition(value)
+    except storage.StorageError as e:
+        raise UserError(f"--date {value!r}: {e}") from e
+    first, today = history_start().date(), dt.datetime.now(dt.UTC).date()
+    if dt.date.fromisoformat(value) < first:
+        raise UserError(
+            f"--date {value} is before the DAGs' first date {first} (Airflow runs no task before a DAG's "
+            f"start_date); pick a later date, or set {HISTORY_START_ENV}=YYYY-MM-DD to move it back."
+        )
+    if dt.date.fromisoformat(value) >= today:
+        raise UserError(
+            f"--date {value} is not a complete day yet (today is {today}); pick {today - dt.timedelta(days=1)} or earlier."
+        )
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     yesterday = (dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
     parser.add_argument("--date", default=yesterday, help="logical date / partition (default: yesterday)")
     parser.add_argument("--rows", type=int, default=20000, help="rows per raw partition")
     args = parser.parse_args()
+    try:
+        args.date = check_date(args.date)
+        if args.rows < 10:
+            raise UserError(
+                f"--rows {args.rows}: write at least 10 rows per partition (train and test splits)."
+            )
+        return run(args)
+    except (UserError, storage.StorageError) as e:
+        print(f"make demo: {e}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as e:
+        print(
+            f"make demo: {' '.join(map(str, e.cmd[:3]))} failed with exit {e.returncode}; see above.",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        print("make demo: interrupted; the local stack was stopped.", file=sys.stderr)
+        return 130
+
+
+def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
 
     print("==> Starting the local stack (COS stand-in, Ray head) on 127.0.0.1", flush=True)

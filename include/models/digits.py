@@ -1,16 +1,17 @@
 """A small CNN for scikit-learn's bundled 8x8 handwritten digits, and its Ray Train loop.
 
 The staged rows hold 64 pixel columns (``p00``..``p63``, scaled to [0, 1]); the model unflattens
-them into one 8x8 channel, so the shared training loop feeds it like any tabular model.
+them into one 8x8 channel, so the shared training loop (and its ``evaluate``) feeds it like any
+tabular model.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from include.training.loop import run_epochs
+from include.training.loop import evaluate, run_epochs
 
-__all__ = ["build_model", "train_loop"]
+__all__ = ["build_model", "evaluate", "train_loop"]
 
 
 def build_model(config: dict[str, Any]):

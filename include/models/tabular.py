@@ -1,18 +1,18 @@
-"""A small MLP for the tabular partition, and its Ray Train loop (runs on Ray Train workers)."""
+"""A small MLP for the tabular partition, its Ray Train loop (runs on Ray Train workers) and its evaluation."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from include.training.loop import run_epochs
+from include.training.loop import evaluate, run_epochs
 
-__all__ = ["build_model", "train_loop"]
+__all__ = ["build_model", "evaluate", "train_loop"]
 
 
 def build_model(config: dict[str, Any]):
     """The model, from the loop's config (the job rebuilds it to log the trained weights).
 
-    With ``train_loop`` this module follows :class:`emr_ray.train.TrainingModule`.
+    With ``train_loop`` and ``evaluate`` this module follows :class:`emr_ray.train.EvaluatingModule`.
     """
     from torch import nn
 

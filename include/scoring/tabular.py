@@ -4,10 +4,12 @@ Called by the scoring DAG's task (``dags/score_tabular.py``), which resolves the
 loads the model through ``MLflowHook``. This module imports neither Airflow nor MLflow: the model is
 anything with ``predict(x) -> class scores`` for a float32 feature matrix (an MLflow pyfunc model).
 
-Input: ``<staging>/tabular/dt=<partition>/test/*.parquet`` (the features and ``label``, as the
-preprocessing job staged them). Output: ``<staging>/predictions/dt=<partition>/part-0.parquet``
-(the same rows plus ``prediction``), committed with a manifest of the row count, the model, its
-version, the accuracy and the partition.
+Input: the ``test`` output of a committed generation of ``<staging>/tabular/dt=<partition>`` (the
+features and ``label``, as the preprocessing job staged them): the generation the model was trained
+on when its version says so (tag ``generation``), else the current one; an empty or uncommitted
+partition is refused. Output: a new generation of ``<staging>/predictions/dt=<partition>`` (output
+``predictions``: the same rows plus ``prediction``), committed with the row count, the model, its
+version, the accuracy, the partition and the input generation (:mod:`emr_ray.partitions`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def score_partition(
     *,
     model_name: str,
     version: str | int,
+    generation: str | None = None,
     options: StorageOptions | None = None,
 ) -> dict[str, Any]:
     """
@@ -76,43 +79,50 @@ def score_partition(
     :param model: the loaded model.
     :param model_name: the registered model's name, for the manifest.
     :param version: the model version, for the manifest (as MLflow returned it).
+    :param generation: the staged generation to score (the version's ``generation`` tag); None
+        means the partition's current generation.
     :param options: storage connection options (None for ``file://``).
-    :returns: ``partition``, ``version``, ``rows``, ``accuracy`` and ``predictions_uri`` (the XCom).
+    :returns: ``partition``, ``version``, ``rows``, ``accuracy``, ``generation`` (scored) and
+        ``predictions_uri`` (the XCom).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from emr_ray import storage
+    from emr_ray import partitions, storage
 
     source = staged_uri(staging_uri, partition)
-    files = storage.list_parquet_files(storage.join(source, "test"), options)
+    if generation:
+        committed = partitions.pinned(source, generation, options)
+    else:
+        committed = partitions.require_current(source, options)
+    files = partitions.dataset_files(committed, "test", options)
     fsys = storage.filesystem(source, options)
-    table = pa.concat_tables([pq.read_table(f, filesystem=fsys) for f in files])
+    table = pa.concat_tables([pq.read_table(path, filesystem=fsys) for path, _ in files])
+    if table.num_rows == 0:
+        raise storage.StorageError(
+            f"The test split of {source} (generation {committed.generation}) is empty."
+        )
     predicted = predict_classes(model, feature_matrix(table))
     accuracy = float((predicted == table[LABEL_COLUMN].to_numpy()).mean())
 
     final = predictions_uri(staging_uri, partition)
-    tmp = storage.staging_uri(final)
-    tmp_path = storage.split_uri(tmp)[1]
-    fsys.create_dir(tmp_path, recursive=True)
-    pq.write_table(
-        table.append_column(PREDICTION_COLUMN, pa.array(predicted)),
-        f"{tmp_path}/part-0.parquet",
-        filesystem=fsys,
-    )
     manifest = {
         "rows": table.num_rows,
         "model": model_name,
         "version": version,
         "accuracy": accuracy,
         "partition": partition,
+        "input_generation": committed.generation,
     }
-    storage.commit(tmp, final, manifest, options)
-    print(f"Scored {table.num_rows} rows of {source} with {model_name} v{version}: accuracy {accuracy:.4f}")
+    scored = table.append_column(PREDICTION_COLUMN, pa.array(predicted))
+    written = partitions.write_tables(final, {"predictions": scored}, manifest, options)
+    print(f"Scored {table.num_rows} rows of {source} (generation {committed.generation}) with "
+          f"{model_name} v{version}: accuracy {accuracy:.4f}")  # fmt: skip
     return {
         "partition": partition,
         "version": version,
         "rows": table.num_rows,
         "accuracy": accuracy,
-        "predictions_uri": final,
+        "generation": committed.generation,
+        "predictions_uri": written.output_uri("predictions"),
     }

@@ -6,6 +6,9 @@ run sees the same order), evaluates on its test rows (metrics all-reduced over w
 reports per-epoch metrics with a checkpoint from rank 0 (:func:`emr_ray.train.report_epoch`). It
 resumes from the latest checkpoint (:func:`emr_ray.train.latest_state`) when Ray Train or an
 Airflow retry restarts it. It uses only the public ``emr_ray.train`` API.
+
+:func:`evaluate` scores any model on a table of test rows with the same loss and accuracy as the
+loop's epochs: the training job uses it to score the champion and the new model on the same rows.
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ from emr_ray import train as emr_train
 
 def _tensors(config: dict[str, Any], name: str):
     """This worker's rows of dataset ``name`` as ``(features float32 [n, f], labels int64 [n])``."""
+    features, label = list(config["feature_columns"]), config["label_column"]
+    return _table_tensors(config, emr_train.worker_shard(config, name, features + [label]))
+
+
+def _table_tensors(config: dict[str, Any], table):
+    """The rows of a pyarrow ``table`` as ``(features float32 [n, f], labels int64 [n])``."""
     import numpy as np
     import torch
 
     features, label = list(config["feature_columns"]), config["label_column"]
-    table = emr_train.worker_shard(config, name, features + [label])
     if table is None:
         return torch.empty((0, len(features))), torch.empty((0,), dtype=torch.long)
     x = np.empty((table.num_rows, len(features)), dtype=np.float32)
@@ -38,6 +46,39 @@ def _batches(data, batch_size: int, device, order=None):
     for i in range(0, len(y), batch_size):
         index = order[i : i + batch_size] if order is not None else slice(i, i + batch_size)
         yield x[index].to(device), y[index].to(device)
+
+
+def _sums(model, data, batch_size: int, device, loss_fn):
+    """``(summed loss, correct, rows)`` of ``model`` over ``data``, without gradients."""
+    import torch
+
+    loss = correct = rows = 0.0
+    with torch.no_grad():
+        for x, y in _batches(data, batch_size, device):
+            logits = model(x)
+            loss += loss_fn(logits, y).item()
+            correct += (logits.argmax(dim=1) == y).sum().item()
+            rows += len(y)
+    return loss, correct, rows
+
+
+def evaluate(model, config: dict[str, Any], table) -> dict[str, float]:
+    """``test_loss`` and ``test_accuracy`` of ``model`` on the rows of a pyarrow ``table``, on the CPU.
+
+    The same figures the loop reports per epoch (mean cross-entropy, share of correct argmax), for
+    any model that maps the ``feature_columns`` to class logits: the trained one, or the champion
+    as MLflow loads it (an exported graph, already in eval mode, refuses ``.eval()``).
+    """
+    import torch
+
+    try:
+        model.eval()
+    except NotImplementedError:
+        pass
+    loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
+    data = _table_tensors(config, table)
+    loss, correct, rows = _sums(model, data, int(config.get("batch_size", 256)), torch.device("cpu"), loss_fn)
+    return {"test_loss": loss / max(rows, 1), "test_accuracy": correct / max(rows, 1)}
 
 
 def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], Any]) -> None:
@@ -77,12 +118,10 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
             sums[0] += loss.item()
             sums[1] += len(y)
         model.eval()
-        with torch.no_grad():
-            for x, y in _batches(test, batch_size, device):
-                logits = model(x)
-                sums[2] += loss_fn(logits, y).item()
-                sums[3] += (logits.argmax(dim=1) == y).sum().item()
-                sums[4] += len(y)
+        test_loss, correct, test_rows = _sums(model, test, batch_size, device, loss_fn)
+        sums[2] += test_loss
+        sums[3] += correct
+        sums[4] += test_rows
         if distributed:
             dist.all_reduce(sums)
         seconds = time.monotonic() - started

@@ -2,7 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+#: the environment variable that moves the first date the DAGs can process (their ``start_date``)
+HISTORY_START_ENV = "EMR_RAY_HISTORY_START"
+#: the default first date: far enough back for backfills over years of partitions
+DEFAULT_HISTORY_START = "2020-01-01"
+
+
+def history_start() -> Any:
+    """The DAGs' ``start_date``: the first partition date they can process, run or backfill.
+
+    Airflow runs no task for a logical date before ``start_date`` (a run of such a date is marked
+    successful and does nothing), so this is set far back (``2020-01-01``) rather than to the day a
+    DAG was written; set ``EMR_RAY_HISTORY_START=YYYY-MM-DD`` where the workers run to move it.
+    Read from the environment, not an Airflow Variable, so parsing a DAG never queries the database.
+    With ``catchup=False`` the scheduler still starts with the latest interval only.
+    """
+    import datetime as dt
+
+    import pendulum
+
+    value = os.environ.get(HISTORY_START_ENV) or DEFAULT_HISTORY_START
+    try:
+        day = dt.date.fromisoformat(value)
+        return pendulum.datetime(day.year, day.month, day.day, tz="UTC")
+    except ValueError as e:
+        raise ValueError(f"{HISTORY_START_ENV}={value!r} is not a date like 2020-01-01.") from e
+
 
 #: The partition a run processes: the ``partition`` param of a manual run; else the run's logical date
 #: (scheduled and backfill runs); else, for a manual run without a logical date, the day before it ran.
@@ -12,6 +40,10 @@ PARTITION_TEMPLATE = (
 )
 
 
+#: an ISO date, matched whole (no trailing newline, ASCII digits only)
+PARTITION_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])(?![\s\S])"
+
+
 def partition_param() -> Any:
     """The optional ``partition`` Param (a date) for the trigger form."""
     from airflow.sdk import Param
@@ -19,6 +51,22 @@ def partition_param() -> Any:
     return Param(
         None,
         type=["null", "string"],
-        pattern=r"^\d{4}-\d{2}-\d{2}$",
+        # whole-string match in both Python (the API server) and JavaScript (the form): `$` alone lets
+        # Python accept a trailing newline, and \d accepts non-ASCII digits
+        pattern=PARTITION_PATTERN,
         description="Partition date YYYY-MM-DD; empty means the run's logical date (or yesterday).",
     )
+
+
+def committed_output(task_id: str, output: str) -> str:
+    """A template for the URI of ``output`` in the generation task ``task_id`` committed in this run.
+
+    Pass it to the training task's ``datasets`` so the run reads exactly its own preprocessing's data,
+    never a generation another run committed meanwhile.
+    """
+    return f"{{{{ ti.xcom_pull(task_ids='{task_id}')['outputs']['{output}'] }}}}"
+
+
+def committed_generation(task_id: str) -> str:
+    """A template for the generation task ``task_id`` committed in this run (for model version tags)."""
+    return f"{{{{ ti.xcom_pull(task_ids='{task_id}')['generation'] }}}}"

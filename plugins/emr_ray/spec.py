@@ -59,11 +59,19 @@ class SpecPart:
         hints = typing.get_type_hints(cls)
         values = {}
         for key, value in data.items():
-            hint = hints[key]
-            if isinstance(hint, type) and issubclass(hint, SpecPart) and isinstance(value, dict):
+            hint = _part_type(hints[key])
+            if hint is not None and isinstance(value, dict):
                 value = hint.from_dict(value)
             values[key] = value
         return cls(**values)
+
+
+def _part_type(hint: Any) -> type[SpecPart] | None:
+    """The spec part a field holds: ``Part`` or an optional ``Part | None``; None for other fields."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if isinstance(candidate, type) and issubclass(candidate, SpecPart):
+            return candidate
+    return None
 
 
 def _require(condition: bool, message: str) -> None:
@@ -120,11 +128,13 @@ class SparkJobSpec(SpecPart):
     spark: SparkSettings
     config: dict[str, Any] = field(default_factory=dict)
     validate_only: bool = False
+    keep_generations: int = 3
     identity: dict[str, str] = field(default_factory=dict)
     storage: StorageSection = field(default_factory=StorageSection)
 
     def __post_init__(self) -> None:
         storage.validate_partition(self.partition)
+        _require(self.keep_generations >= 1, f"keep_generations={self.keep_generations}: keep at least 1.")
         _check_import_path("preprocess", self.preprocess)
         for uri in (self.input_uri, self.output_uri):
             storage.split_uri(uri)
@@ -201,6 +211,21 @@ class MLflowSection(SpecPart):
 
 
 @dataclass(frozen=True)
+class CompareSection(SpecPart):
+    """After fit, score ``models:/<model_name>@<alias>`` and the new model on the same test rows
+    (the registry is the ``mlflow`` part's)."""
+
+    model_name: str
+    alias: str = "champion"
+
+    def __post_init__(self) -> None:
+        _require(
+            bool(self.model_name), "compare.model_name is empty; name the registered model to compare with."
+        )
+        _require(bool(self.alias), "compare.alias is empty; name the alias to compare with, e.g. 'champion'.")
+
+
+@dataclass(frozen=True)
 class TrainJobSpec(SpecPart):
     """``emr_ray.jobs.train``: a Ray Train ``TorchTrainer`` fit over committed Parquet datasets."""
 
@@ -215,6 +240,7 @@ class TrainJobSpec(SpecPart):
     failure: FailureSpec = field(default_factory=FailureSpec)
     identity: dict[str, str] = field(default_factory=dict)
     storage: StorageSection = field(default_factory=StorageSection)
+    compare: CompareSection | None = None
 
     def __post_init__(self) -> None:
         _check_import_path("train_loop", self.train_loop)
@@ -224,6 +250,7 @@ class TrainJobSpec(SpecPart):
         )
         for uri in (*self.datasets.values(), self.storage_path):
             storage.split_uri(uri)
+        storage.validate_partitions_in(*self.datasets.values())
 
     @property
     def epochs(self) -> int:

@@ -8,28 +8,30 @@ Imports nothing heavy at module level (pyarrow and fsspec are imported inside fu
 Hadoop's jars on the classpath, which Ray workers do not have. Spark keeps its own Hadoop client
 (:func:`spark_hadoop_configs`).
 
-Layout: ``<root>/<dataset>/dt=YYYY-MM-DD/part-*.parquet``, committed by ``_manifest.json`` then
-``_SUCCESS`` (written last). Readers trust only committed partitions.
+Layout: ``<root>/<dataset>/dt=YYYY-MM-DD/``. Raw input partitions from outside are committed by a
+``_SUCCESS`` marker written last (:func:`is_committed`); partitions this provider writes are
+committed as generations (:mod:`emr_ray.partitions`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 SUPPORTED_SCHEMES = ("file", "cos", "hdfs")
 SUCCESS_MARKER = "_SUCCESS"
-MANIFEST = "_manifest.json"
+MANIFEST = "_manifest.json"  # of the previous partition layout (read by emr_ray.partitions as "legacy")
+_PARTITION_SEGMENT = re.compile(r"(?:^|/)dt=([^/]*)")
 _PARTITION_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # ASCII digits, matched whole
 #: the NameNode's HTTP port in Hadoop 3 (``dfs.namenode.http-address``)
 DEFAULT_WEBHDFS_PORT = 9870
 #: the same over HTTPS (``dfs.namenode.https-address``)
 DEFAULT_WEBHDFS_HTTPS_PORT = 9871
+#: attempts per COS request through pyarrow (throttling and 5xx are retried with backoff)
+COS_MAX_ATTEMPTS = 10
 #: schemes whose filesystems rename a directory in one step (commit moves the staging prefix)
 RENAMES_DIRECTORIES = ("file", "hdfs")
 
@@ -99,6 +101,17 @@ def validate_partition(partition: str) -> str:
     except ValueError as e:
         raise StorageError(f"Partition {partition!r} is not a valid calendar date.") from e
     return partition
+
+
+def validate_partitions_in(*paths: str) -> None:
+    """Check every ``dt=<value>`` segment of keys or URIs with :func:`validate_partition` (same message).
+
+    The one partition check of every operator and sensor that takes a partition inside a path: a bad
+    value fails at once instead of making a sensor wait hours for a key that cannot exist.
+    """
+    for path in paths:
+        for value in _PARTITION_SEGMENT.findall(str(path)):
+            validate_partition(value)
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -173,6 +186,8 @@ def filesystem(uri: str, options: StorageOptions | None = None):
             scheme=opts.scheme,
             force_virtual_addressing=opts.force_virtual_addressing,
             allow_bucket_creation=False,
+            # COS throttles with 503 SlowDown: retry with backoff well past the SDK default of 3 attempts
+            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=COS_MAX_ATTEMPTS),
         )
     return _webhdfs(uri, options)
 
@@ -269,55 +284,6 @@ def is_committed(uri: str, options: StorageOptions | None = None) -> bool:
 
     fsys, path = resolve(uri, options)
     return fsys.get_file_info(f"{path}/{SUCCESS_MARKER}").type == pafs.FileType.File
-
-
-def read_manifest(uri: str, options: StorageOptions | None = None) -> dict[str, Any]:
-    """The manifest of a committed partition; raises if the partition is not committed."""
-    if not is_committed(uri, options):
-        raise StorageError(
-            f"Partition {uri} is not committed (no {SUCCESS_MARKER}); rerun the task that produces it."
-        )
-    fsys, path = resolve(uri, options)
-    with fsys.open_input_stream(f"{path}/{MANIFEST}") as f:
-        return json.loads(f.read().decode())
-
-
-def staging_uri(final_uri: str) -> str:
-    """A unique temporary sibling of ``final_uri`` where output is written before the commit."""
-    parent, _, name = final_uri.rstrip("/").rpartition("/")
-    return join(parent, f"_tmp_{name}_{uuid.uuid4().hex[:12]}")
-
-
-def commit(
-    tmp_uri: str, final_uri: str, manifest: dict[str, Any], options: StorageOptions | None = None
-) -> None:
-    """Replace ``final_uri`` by the fully written ``tmp_uri``: manifest, then ``_SUCCESS``, then move.
-
-    On a local filesystem and on HDFS the move is one directory rename; on object storage each object
-    is copied, and the ``_SUCCESS`` marker is copied last so readers never trust a partial partition.
-    """
-    from pyarrow import fs as pafs
-
-    scheme = split_uri(final_uri)[0]
-    fsys, tmp = resolve(tmp_uri, options)
-    _, final = resolve(final_uri, options)
-    with fsys.open_output_stream(f"{tmp}/{MANIFEST}") as f:
-        f.write(json.dumps(manifest, indent=2, sort_keys=True).encode())
-    with fsys.open_output_stream(f"{tmp}/{SUCCESS_MARKER}") as f:
-        f.write(b"")
-    if fsys.get_file_info(final).type != pafs.FileType.NotFound:
-        fsys.delete_dir(final)
-    if scheme in RENAMES_DIRECTORIES:
-        fsys.create_dir(final.rpartition("/")[0] or "/", recursive=True)
-        fsys.move(tmp, final)
-        return
-    infos = fsys.get_file_info(pafs.FileSelector(tmp, recursive=True))
-    files = sorted(
-        (i.path for i in infos if i.type == pafs.FileType.File), key=lambda p: p.endswith(SUCCESS_MARKER)
-    )
-    for src in files:
-        fsys.copy_file(src, final + src[len(tmp) :])
-    fsys.delete_dir(tmp)
 
 
 def write_marker(uri: str, options: StorageOptions | None = None) -> None:

@@ -2,8 +2,10 @@
 
 A training module (the one ``TorchTrainOperator(train_loop="pkg.module:train_loop")`` names) follows
 :class:`TrainingModule`: ``build_model(config)`` returns the ``torch.nn.Module`` (the job calls it
-again to log the trained weights), and ``train_loop(config)`` runs on every Ray Train worker. Inside
-the loop:
+again to log the trained weights), and ``train_loop(config)`` runs on every Ray Train worker. It may
+also provide ``evaluate(model, config, table)`` (:class:`EvaluatingModule`): with it, the job scores
+the current champion and the new model on the same test rows
+(``TorchTrainOperator(compare_with_model=...)``). Inside the loop:
 
 - :func:`worker_shard` gives this worker's rows of a named dataset (a pyarrow Table read straight
   from the committed Parquet files: equal shards for ``train``, all rows spread for the others);
@@ -39,6 +41,24 @@ class TrainingModule(Protocol):
 
     def train_loop(self, config: dict[str, Any]) -> None:
         """The per-worker loop: read :func:`worker_shard`, train, :func:`report_epoch` every epoch."""
+
+
+class EvaluatingModule(TrainingModule, Protocol):
+    """A :class:`TrainingModule` that can also score a model on given rows (``evaluate`` is optional).
+
+    The training job calls ``evaluate`` in its driver, after fit, once for the current champion
+    (loaded from the registry) and once for the new model, on the same pyarrow table: every row
+    of the ``test`` dataset. Both calls must measure the same thing, with the same names as the
+    epoch metrics (for example ``test_accuracy``), so the register task can compare them.
+    """
+
+    def evaluate(self, model: Any, config: dict[str, Any], table: Any) -> dict[str, float]:
+        """Metrics of ``model`` on ``table`` (a pyarrow Table of test rows, all columns), by name.
+
+        ``model`` is a ``torch.nn.Module`` on the CPU: a fresh ``build_model(config)`` with the new
+        weights, or the champion as MLflow loads it (which may be an exported graph module that
+        refuses ``.eval()``; it was exported in eval mode). ``config`` is this training's config.
+        """
 
 
 @dataclass(frozen=True)

@@ -136,14 +136,14 @@ def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api, s
 
     import mlflow
 
-    from emr_ray import storage
+    from emr_ray import partitions, storage
 
     client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
     versions = {v.tags.get("airflow.run_id"): v for v in client.search_model_versions("name='tabular-mlp'")}
     for date in BACKFILL[:2]:  # each run staged and registered its own partition, and only that one
         run_id = by_date[date]["dag_run_id"]
         staged = storage.partition_uri(stack.staging_uri, "tabular", date)
-        manifest = storage.read_manifest(staged)
+        manifest = partitions.require_current(staged).manifest
         assert manifest["partition"] == date and manifest["input_uri"].endswith(f"dt={date}")
         assert manifest["producer"]["airflow.run_id"] == run_id, "the partition was not replaced by its rerun"
         assert versions[run_id].tags["partition"] == date
@@ -155,7 +155,7 @@ def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api, s
     assert states["wait_for_partition"] == "failed"
     assert {states[t] for t in ("check_cluster", "preprocess", "train", "register")} == {"upstream_failed"}
     assert not any(v.tags.get("partition") == BACKFILL[2] for v in versions.values())
-    assert not storage.is_committed(storage.partition_uri(stack.staging_uri, "tabular", BACKFILL[2]))
+    assert partitions.current(storage.partition_uri(stack.staging_uri, "tabular", BACKFILL[2])) is None
 
 
 def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):

@@ -7,9 +7,11 @@ import datetime as dt
 
 import pytest
 
-from devstack.constants import BUCKET, SECRET_KEY
+from devstack.constants import BUCKET, REGION, SECRET_KEY
 from emr_ray.exceptions import COSError
 from emr_ray.hooks.cos import COSHook
+from emr_ray.hooks.cos_keys import match_keys
+from emr_ray.links.cos import COSObjectLink
 from emr_ray.sensors.cos import COSSensor
 from emr_ray.triggers.cos import COSKeyTrigger
 from tests.fixtures.cos import cos_connection_json
@@ -174,6 +176,41 @@ def test_metadata_keys(layout, cos_conn):
     assert everything["x-cos-meta-rows"] == "7" and everything["Size"] == 2
 
 
+class HeadCountingHook(COSHook):
+    """The real hook, noting the keys it sends a HEAD for; every call still goes to the stand-in."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.heads: list[str] = []
+
+    def head_object(self, key: str, bucket_name: str | None = None) -> dict[str, str] | None:
+        self.heads.append(key)
+        return super().head_object(key, bucket_name)
+
+
+def test_match_keys_needs_every_key_and_heads_only_for_headers(layout, cos_conn):
+    """``match_keys`` itself: exact keys (plain or ``cos://``) take a HEAD each; a pattern lists, and
+    takes a HEAD per match only for metadata a listing does not carry (here ``Content-Type``)."""
+    hook = HeadCountingHook(cos_conn)
+    day1 = f"{layout}raw/dt=2024-01-01/"
+    found, objects = match_keys(hook, [f"{day1}part-0.parquet", f"cos://{BUCKET}/{day1}part-1.parquet"])
+    assert found and [(o["Key"], o["Size"]) for o in objects] == [
+        (f"{day1}part-0.parquet", 1),
+        (f"{day1}part-1.parquet", 2),
+    ]
+    assert match_keys(hook, [f"{day1}_SUCCESS", f"{day1}missing"]) == (False, [])
+
+    hook.heads.clear()
+    found, objects = match_keys(hook, f"{day1}part-*", wildcard_match=True, metadata_keys=["Size", "ETag"])
+    assert found and [o["Key"] for o in objects] == [f"{day1}part-0.parquet", f"{day1}part-1.parquet"]
+    assert hook.heads == []  # Size and ETag come from the listing
+    assert match_keys(hook, f"{layout}raw/dt=*/_DONE", wildcard_match=True) == (False, [])
+    assert hook.heads == []
+    found, objects = match_keys(hook, rf"{day1}part-\d", use_regex=True, metadata_keys=["Content-Type"])
+    assert found and hook.heads == [f"{day1}part-0.parquet", f"{day1}part-1.parquet"]  # a header: a HEAD
+    assert all(o["Content-Type"] for o in objects)
+
+
 def test_deferrable_execute_defers_then_completes(hook, cos_conn, cos_prefix):
     from airflow.sdk.exceptions import TaskDeferred
 
@@ -277,6 +314,16 @@ def test_dag_test_with_templated_key(hook, cos_conn, tmp_path, monkeypatch, caps
         )
         value = json.loads(counted.value) if isinstance(counted.value, str) else counted.value
         assert value == 1
+        # The console link the sensor stored, as Airflow read it back (get_link) when the task ended.
+        link = (
+            session.query(XComModel.value)
+            .filter_by(
+                dag_id="cos_sensor_dag_test", task_id="wait", run_id=run.run_id, key="_link_COSObjectLink"
+            )
+            .scalar()
+        )
+        link = json.loads(link) if isinstance(link, str) and link.startswith('"') else link
+        assert link == COSObjectLink.url(BUCKET, REGION, "dagtest/raw/dt=2024-03-05/")
     rendered = str([r.rendered_fields for r in rows])
     assert "dagtest/raw/dt=2024-03-05/_SUCCESS" in rendered
     assert SECRET_KEY not in rendered

@@ -14,7 +14,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray import storage
+from emr_ray import partitions, storage
 from include.data.synthetic import FEATURE_COLUMNS, make_partition
 from tests.fixtures.dag_files import load_dag_file
 from tests.fixtures.hdfs import HDFS_USER
@@ -22,46 +22,41 @@ from tests.fixtures.hdfs import HDFS_USER
 pytestmark = pytest.mark.integration
 
 
-def write_committed(root: str, dataset: str, partition: str, rows: int, options) -> str:
-    """Write one raw partition through storage.py (pyarrow over WebHDFS) and commit it."""
+def write_raw(root: str, dataset: str, partition: str, rows: int, options) -> str:
+    """Write one raw partition through storage.py (pyarrow over WebHDFS), ``_SUCCESS`` last, as producers do."""
     final = storage.partition_uri(root, dataset, partition)
-    tmp = storage.staging_uri(final)
-    fsys, path = storage.resolve(tmp, options)
+    fsys, path = storage.resolve(final, options)
     fsys.create_dir(path)
     pq.write_table(make_partition(partition, rows), f"{path}/part-00000.parquet", filesystem=fsys)
-    storage.commit(tmp, final, {"partition": partition, "rows": rows}, options)
+    storage.write_marker(final, options)
     return final
 
 
-def test_storage_round_trip_and_commit(webhdfs_server, hdfs_options, hdfs_root):
-    """storage.py on hdfs:// through the WebHDFS stand-in (no NameNode can run here): write, commit by a
-    directory rename, read back, list, count from footers, and replace a committed partition."""
-    final = write_committed(hdfs_root, "raw", "2026-11-08", 300, hdfs_options)
+def test_storage_round_trip_and_generation_commits(webhdfs_server, hdfs_options, hdfs_root):
+    """storage.py and partitions.py on hdfs:// through the WebHDFS stand-in (no NameNode can run here):
+    a raw partition is written, listed and counted from its footers; a produced partition is committed
+    as generations (the manifest by a rename onto a new name), and a rerun's generation becomes current
+    while the first stays readable."""
+    final = write_raw(hdfs_root, "raw", "2026-11-08", 300, hdfs_options)
     assert final == f"{hdfs_root}/raw/dt=2026-11-08"
     assert storage.is_committed(final, hdfs_options)
-    assert storage.read_manifest(final, hdfs_options) == {"partition": "2026-11-08", "rows": 300}
     files = storage.list_parquet_files(final, hdfs_options)
     assert files == [f"{storage.split_uri(hdfs_root)[1]}/raw/dt=2026-11-08/part-00000.parquet"]
     assert storage.count_parquet_rows(files, final, hdfs_options) == 300
-    fsys = storage.filesystem(final, hdfs_options)
-    table = pq.read_table(files[0], filesystem=fsys)
+    table = pq.read_table(files[0], filesystem=storage.filesystem(final, hdfs_options))
     assert table.num_rows == 300 and set(FEATURE_COLUMNS) <= set(table.column_names)
-    # the commit renamed the staging directory: no leftover, and the files are on the server's disk
-    local = webhdfs_server.root / hdfs_root.split("/", 3)[3] / "raw"
-    assert sorted(p.name for p in local.iterdir()) == ["dt=2026-11-08"]
-    assert sorted(p.name for p in (local / "dt=2026-11-08").iterdir()) == [
-        "_SUCCESS", "_manifest.json", "part-00000.parquet"
-    ]  # fmt: skip
-    # a rerun replaces the partition
-    write_committed(hdfs_root, "raw", "2026-11-08", 120, hdfs_options)
-    assert storage.read_manifest(final, hdfs_options)["rows"] == 120
-    assert (
-        storage.count_parquet_rows(storage.list_parquet_files(final, hdfs_options), final, hdfs_options)
-        == 120
-    )
     assert not storage.is_committed(storage.partition_uri(hdfs_root, "raw", "2026-11-09"), hdfs_options)
-    with pytest.raises(storage.StorageError, match="not committed"):
-        storage.read_manifest(storage.partition_uri(hdfs_root, "raw", "2026-11-09"), hdfs_options)
+
+    staged = storage.partition_uri(hdfs_root, "staged", "2026-11-08")
+    first = partitions.write_tables(staged, {"train": table}, {"partition": "2026-11-08"}, hdfs_options)
+    second = partitions.write_tables(staged, {"train": table.slice(0, 120)}, {}, hdfs_options)
+    assert partitions.current(staged, hdfs_options).generation == second.generation
+    pinned = partitions.pinned(staged, first.generation, hdfs_options)
+    [(path, size)] = partitions.dataset_files(pinned, "train", hdfs_options)
+    assert storage.count_parquet_rows([path], staged, hdfs_options) == 300
+    local = webhdfs_server.root / hdfs_root.split("/", 3)[3] / "staged" / "dt=2026-11-08"
+    assert sorted(p.name for p in local.iterdir()) == ["_commits", "_generations"]
+    assert not [p for p in (local / "_commits").iterdir() if p.name.startswith(".")]  # no temporary left
     with pytest.raises(storage.StorageError, match="e.g. http://namenode:9870"):
         storage.StorageOptions(webhdfs_address="namenode:9870")
 
@@ -74,7 +69,7 @@ import datetime as dt
 from airflow.providers.apache.hdfs.sensors.web_hdfs import WebHdfsSensor
 from airflow.sdk import DAG, task
 
-from emr_ray import storage
+from emr_ray import partitions, storage
 
 OPTIONS = storage.StorageOptions(webhdfs_address={address!r}, hdfs_user={user!r})
 
@@ -90,7 +85,8 @@ with DAG(dag_id="hdfs_sensor_dag_test", schedule=None, start_date=dt.datetime(20
 
     @task
     def rows(ds=None) -> int:
-        return storage.read_manifest(storage.partition_uri({root!r}, "raw", ds), OPTIONS)["rows"]
+        uri = storage.partition_uri({root!r}, "raw", ds)
+        return storage.count_parquet_rows(storage.list_parquet_files(uri, OPTIONS), uri, OPTIONS)
 
     wait >> rows()
 """
@@ -105,7 +101,7 @@ def test_webhdfs_sensor_in_a_dag_run(
     path = storage.split_uri(hdfs_root)[1]
     text = DAG_FILE.format(address=webhdfs_server.address, user=HDFS_USER, path=path, root=hdfs_root)
     module = load_dag_file(tmp_path, "hdfs_sensor_dag", text, monkeypatch)
-    write_committed(hdfs_root, "raw", "2024-03-05", 200, hdfs_options)
+    write_raw(hdfs_root, "raw", "2024-03-05", 200, hdfs_options)
 
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -136,11 +132,11 @@ def test_raydp_spark_step_reads_and_commits_hdfs(
     """RayDPSparkOperator, run as a Ray job, with an ``hdfs://`` input and output: Spark's own Hadoop
     client (hdfs:// mapped onto webhdfs:// by ViewFileSystemOverloadScheme, because no NameNode can
     run here and the WebHDFS server is a protocol stand-in) reads the committed input and writes the
-    outputs, which storage.commit renames into place."""
+    outputs into a new generation, which partitions.commit makes current."""
     from emr_ray.operators.raydp import RayDPSparkOperator
     from tests.integration.test_ray_jobs import FakeTaskInstance
 
-    write_committed(hdfs_root, "raw", "2026-11-10", 300, hdfs_options)
+    write_raw(hdfs_root, "raw", "2026-11-10", 300, hdfs_options)
     operator = RayDPSparkOperator(
         task_id="preprocess",
         preprocess="include.preprocessing.tabular:standardize",
@@ -158,18 +154,23 @@ def test_raydp_spark_step_reads_and_commits_hdfs(
     result = operator.execute({"ti": FakeTaskInstance("preprocess")})
     output = f"{hdfs_root}/staged/dt=2026-11-10"
     assert result["rows_in"] == 300 and sum(result["rows_out"].values()) == 300, result
-    assert result["outputs"] == {"train": f"{output}/train", "test": f"{output}/test"}
+    generation = result["generation"]
+    assert result["outputs"] == {
+        name: f"{output}/_generations/{generation}/{name}" for name in ("train", "test")
+    }
 
-    assert storage.is_committed(output, hdfs_options)
-    manifest = storage.read_manifest(output, hdfs_options)
+    committed = partitions.current(output, hdfs_options)
+    assert committed.generation == generation
+    manifest = committed.manifest
     assert manifest["rows_in"] == 300 and manifest["input_uri"] == f"{hdfs_root}/raw/dt=2026-11-10"
     assert {name: item["rows"] for name, item in manifest["outputs"].items()} == result["rows_out"]
     local = webhdfs_server.root / hdfs_root.split("/", 3)[3] / "staged"
-    assert [p.name for p in local.iterdir()] == ["dt=2026-11-10"]  # the staging prefix was renamed away
+    assert [p.name for p in local.iterdir()] == ["dt=2026-11-10"]
     fsys = storage.filesystem(output, hdfs_options)
     for name, rows in result["rows_out"].items():
-        assert (local / "dt=2026-11-10" / name / "_SUCCESS").exists()  # Spark's FileOutputCommitter marker
-        files = storage.list_parquet_files(f"{output}/{name}", hdfs_options)
+        folder = local / "dt=2026-11-10" / "_generations" / generation / name
+        assert (folder / "_SUCCESS").exists()  # Spark's FileOutputCommitter marker, not listed as data
+        files = [path for path, _ in partitions.dataset_files(committed, name, hdfs_options)]
         assert files and all(f.rsplit("/", 1)[1].startswith("part-") for f in files)
         assert storage.count_parquet_rows(files, output, hdfs_options) == rows
         writer = pq.ParquetFile(fsys.open_input_file(files[0])).metadata.created_by
@@ -184,17 +185,16 @@ def test_training_workers_read_their_shards_from_hdfs(
     from emr_ray.operators.torch import TorchTrainOperator
     from tests.integration.test_ray_jobs import FakeTaskInstance
 
-    staged = storage.partition_uri(hdfs_root, "staged", "2026-11-11")  # as the Spark step commits it
-    tmp = storage.staging_uri(staged)
-    fsys, path = storage.resolve(tmp, hdfs_options)
-    for name, rows in (("train", 400), ("test", 100)):
-        fsys.create_dir(f"{path}/{name}")
-        pq.write_table(make_partition(name, rows), f"{path}/{name}/part-00000.parquet", filesystem=fsys)
-    storage.commit(tmp, staged, {"outputs": {"train": {"rows": 400}, "test": {"rows": 100}}}, hdfs_options)
+    staged = partitions.write_tables(  # a committed generation, as the Spark step commits it
+        storage.partition_uri(hdfs_root, "staged", "2026-11-11"),
+        {"train": make_partition("2026-11-11", 400), "test": make_partition("2026-11-12", 100)},
+        {},
+        hdfs_options,
+    )
     operator = TorchTrainOperator(
         task_id="train_on_hdfs",
         train_loop="include.models.tabular:train_loop",
-        datasets={"train": f"{staged}/train", "test": f"{staged}/test"},
+        datasets={name: staged.output_uri(name) for name in ("train", "test")},
         storage_path=f"file://{tmp_path}",
         config={"feature_columns": FEATURE_COLUMNS, "label_column": "label", "epochs": 2, "batch_size": 64},
         num_workers=1,

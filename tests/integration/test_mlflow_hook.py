@@ -1,6 +1,7 @@
 """MLflowHook against real MLflow stores (embedded SQLite and, once, a real ``mlflow server``).
 
-What needs no store (connection parsing, URLs, job settings, credentials) is in
+What needs no store (connection parsing, URLs, job settings, credentials), and the registry choices
+(aliases, version reuse, the create race, logged model links) on a SQLite store of its own, are in
 ``tests/unit/hooks/test_mlflow.py``.
 """
 

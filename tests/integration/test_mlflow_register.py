@@ -2,7 +2,8 @@
 
 Every test uses its own registered model name, so the session-wide store can be shared. The rule
 itself is tested in ``tests/unit/test_promotion.py``, the parts that need no store in
-``tests/unit/operators/test_mlflow.py``.
+``tests/unit/operators/test_mlflow.py``; concurrent promotions and decisions on the same rows (after
+a real training) in ``tests/integration/test_promotion_safety.py``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pendulum
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
-from emr_ray.exceptions import MLflowRegistryError
+from emr_ray.exceptions import MLflowMetricNotFiniteError, MLflowRegistryError
 from emr_ray.operators.mlflow import MLflowRegisterOperator, mlflow_model_asset
 from tests.fixtures.mlflow import MLflowStore, log_torch_run, use_tracking_uri
 
@@ -43,8 +46,11 @@ class DagRunner:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def run(self, dag_id: str, mlflow_run_id: str, **op_kwargs: Any) -> tuple[Any, dict | None]:
-        """Run the DAG once; return the DAG run and the register task's XCom (None if it failed)."""
+    def run(
+        self, dag_id: str, mlflow_run_id: str, logical_date: str | None = None, **op_kwargs: Any
+    ) -> tuple[Any, dict | None]:
+        """Run the DAG once (at ``logical_date``, so ``ds``, when given); return the DAG run and the
+        register task's XCom (None if it failed)."""
         import importlib.util
 
         path = self.folder / f"{dag_id}.py"
@@ -54,7 +60,8 @@ class DagRunner:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        dag_run = module.dag.test(run_conf={"mlflow_run_id": mlflow_run_id})
+        when = {"logical_date": pendulum.parse(logical_date)} if logical_date else {}
+        dag_run = module.dag.test(run_conf={"mlflow_run_id": mlflow_run_id}, **when)
         return dag_run, xcoms(dag_id, dag_run.run_id).get("return_value")
 
 
@@ -124,6 +131,8 @@ def test_champion_challenger_lifecycle(runner: DagRunner, mlflow_conn: MLflowSto
     assert r1["version"] == "1" and r1["promoted"] is True and r1["champion_value_before"] is None
     assert r1["aliases"] == ["challenger", "champion"]
     assert r1["model_uri"] == f"models:/{name}/1" and r1["value"] == pytest.approx(0.80)
+    links = xcoms("register_lifecycle", dag_run.run_id)  # a SQLite store has no UI: empty links
+    assert links["_link_MLflowRunLink"] == links["_link_MLflowModelVersionLink"] == ""
 
     _, r2 = runner.run("register_lifecycle", better, **kwargs)
     assert r2 is not None
@@ -259,3 +268,80 @@ def test_asset_event_and_links(runner: DagRunner, mlflow_conn: MLflowStore, monk
     assert len(extras) == 1
     assert extras[0]["version"] == "1" and extras[0]["value"] == pytest.approx(0.7)
     assert extras[0]["promoted"] is True and extras[0]["model_uri"] == f"models:/{name}/1"
+
+
+def _champion(store: MLflowStore, name: str) -> str:
+    import mlflow
+
+    return str(mlflow.MlflowClient(store.tracking_uri).get_model_version_by_alias(name, "champion").version)
+
+
+def _tries(dag_id: str, run_id: str) -> tuple[str, int]:
+    """The register task instance's final state and how many tries it took."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ti = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run_id, task_id="register").one()
+        return str(getattr(ti.state, "value", ti.state)), int(ti.try_number)
+
+
+def test_a_nan_or_infinite_metric_fails_without_retry_and_registers_nothing(
+    runner: DagRunner, mlflow_conn: MLflowStore
+) -> None:
+    """Retries are on (2, 0.1 s apart) and a NaN metric still fails the task at its first try."""
+    name = "nan_model"
+    good = log_torch_run(mlflow_conn, experiment="nan", test_accuracy=0.7)
+    kwargs = {"model_name": name, "retries": 2, "retry_delay": 0.1}
+    assert runner.run("register_nan", good, **kwargs)[1]["version"] == "1"  # type: ignore[index]
+    for bad in (float("nan"), float("inf")):
+        dag_run, result = runner.run("register_nan", log_torch_run(mlflow_conn, experiment="nan", test_accuracy=bad),
+                                     **kwargs)  # fmt: skip
+        assert dag_run.state == "failed" and result is None
+        assert _tries("register_nan", dag_run.run_id) == ("failed", 1)
+    assert len(_versions(mlflow_conn, name)) == 1 and _champion(mlflow_conn, name) == "1"
+
+    nan = log_torch_run(mlflow_conn, experiment="nan", test_accuracy=float("nan"))
+    op = MLflowRegisterOperator(task_id="register", model_name=name, run_id=nan)
+    with pytest.raises(
+        MLflowMetricNotFiniteError, match=r"test_accuracy = nan.*nothing is registered"
+    ) as caught:
+        op.execute(context={})  # type: ignore[arg-type]
+    assert isinstance(caught.value, AirflowFailException)
+
+
+def test_a_run_of_an_older_partition_stays_challenger_unless_asked(
+    runner: DagRunner, mlflow_conn: MLflowStore
+) -> None:
+    """Today's champion trained on 2026-11-20; a better model of 2026-11-10 is registered as challenger only,
+    unless the DAG says ``promote_historical``."""
+    name = "history_model"
+    today = log_torch_run(mlflow_conn, experiment="history", test_accuracy=0.80)
+    older = log_torch_run(mlflow_conn, experiment="history", test_accuracy=0.90)
+    # As in the DAGs, in the one-slot pool; dag.test() (and `airflow dags test`) runs tasks without
+    # looking at pools, so it runs here although the test database has no such pool.
+    kwargs = {"model_name": name, "pool": "mlflow_promotion"}
+    _, r1 = runner.run("register_history", today, logical_date="2026-11-20", **kwargs)
+    _, r2 = runner.run("register_history", older, logical_date="2026-11-10", **kwargs)
+    assert r1 is not None and r2 is not None
+    assert (r2["version"], r2["promoted"], r2["historical"], r2["aliases"]) == (
+        "2",
+        False,
+        True,
+        ["challenger"],
+    )
+    assert r2["reason"].startswith(
+        "historical run (partition 2026-11-10 is older than the champion's partition 2026-11-20): registered "
+        "as challenger only, champion v1 stays; set promote_historical=True"
+    )
+    assert "test_accuracy 0.9 vs champion 0.8" in r2["reason"]
+    assert _champion(mlflow_conn, name) == "1"
+
+    # The same run again in a DAG that asks for it: the version is reused, and now promoted.
+    _, r3 = runner.run("register_history_asked", older, logical_date="2026-11-10", model_name=name,
+                       promote_historical="{{ True }}")  # fmt: skip
+    assert r3 is not None and (r3["version"], r3["reused"], r3["promoted"]) == ("2", True, True)
+    assert r3["reason"].startswith(
+        "historical run (partition 2026-11-10 is older than the champion's partition "
+    )
+    assert _champion(mlflow_conn, name) == "2"

@@ -13,12 +13,22 @@ import time
 import uuid
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
-from emr_ray.exceptions import RayClusterError, RayJobFailedError
+from emr_ray.exceptions import (
+    RayAuthError,
+    RayClusterError,
+    RayClusterUnfitError,
+    RayJobFailedError,
+    RayJobInputError,
+    RayJobRejectedError,
+    RayJobStoppedError,
+)
 from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayConnectOperator, RayJobOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
+from emr_ray.reuse import DIGEST_KEY, FORCE_ENV
 from tests.fixtures.ray import ray_connection_json
 
 pytestmark = pytest.mark.integration
@@ -51,10 +61,11 @@ def test_test_connection_reports_version_and_cpus(ray_conn):
     assert ok and "Ray 2." in message and re.search(r"node\(s\), \d+ CPUs", message)
 
 
-def test_missing_token_is_rejected_with_the_fix(ray_cluster, monkeypatch):
+def test_missing_token_is_rejected_with_the_fix_and_not_retried(ray_cluster, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_RAY_NOTOKEN", ray_connection_json(ray_cluster, password=None))
-    with pytest.raises(RayClusterError, match="requires an auth token.*ray get-auth-token"):
-        RayHook("ray_notoken").get_version()
+    with pytest.raises(RayAuthError, match="requires an auth token.*ray get-auth-token") as rejected:
+        RayHook("ray_notoken", retry_seconds=60).get_version()
+    assert isinstance(rejected.value, AirflowFailException)
 
 
 def test_wrong_token_is_rejected_and_never_echoed(ray_cluster, monkeypatch):
@@ -88,8 +99,34 @@ def test_connect_operator_pushes_cluster_facts(ray_conn):
     ],  # fmt: skip
 )
 def test_connect_operator_fails_when_cluster_falls_short(ray_conn, kwargs, message):
-    with pytest.raises(RayClusterError, match=message):
+    with pytest.raises(RayClusterError, match=message) as short:
         RayConnectOperator(task_id="check", **kwargs).execute({"ti": FakeTaskInstance("check")})
+    assert isinstance(short.value, AirflowFailException)  # no retry grows the cluster
+
+
+def test_a_cluster_too_small_for_the_requested_workers_fails_at_once_naming_what_is_short(ray_conn):
+    """The session's head has 2 CPUs; the run asks for 4 training workers of 1 CPU each."""
+    op = RayConnectOperator(task_id="check", workers="{{ params.num_workers }}", resources_per_worker={"CPU": 1},
+                            spark_executors=1, spark_executor_cores=1, spark_executor_memory="1g")  # fmt: skip
+    op.render_template_fields({"params": {"num_workers": 4}})
+    started = time.monotonic()
+    with pytest.raises(RayClusterUnfitError) as short:
+        op.execute({"ti": FakeTaskInstance("check")})
+    assert time.monotonic() - started < 10 and isinstance(short.value, AirflowFailException)
+    message = str(short.value)
+    assert (
+        "CPU: training asks 4 worker(s) x 1 CPU = 4 CPU; Spark asks 1 executor(s) x 1 core(s) = 1 CPU"
+        in message
+    )
+    assert "the cluster has 2 CPU in total: add nodes or lower num_workers" in message
+    assert "memory" not in message.split("\n", 1)[1]  # 1 GiB of executor memory fits: only CPU is named
+
+
+def test_the_cluster_check_passes_for_what_the_dags_ask_by_default(ray_conn):
+    facts = RayConnectOperator(
+        task_id="check", workers=2, spark_executors=1, spark_executor_memory="1g"
+    ).execute({"ti": FakeTaskInstance("check")})
+    assert facts["request"] == {"CPU": 2.0, "memory": 1024.0**3}
 
 
 def test_job_result_becomes_the_xcom_and_the_link_is_stored(ray_conn):
@@ -99,14 +136,41 @@ def test_job_result_becomes_the_xcom_and_the_link_is_stored(ray_conn):
     assert any(str(url).startswith("http://127.0.0.1:8265/#/jobs/airflow-") for url in ti.xcom.values())
 
 
-def test_job_failure_surfaces_the_jobs_own_message(ray_conn):
+def test_an_input_error_fails_the_task_without_retries_with_the_jobs_own_message(ray_conn):
     op = RayJobOperator(
         task_id="echo", spec={"fail_with": "partition dt=2026-01-01 is empty"}, poll_interval=0.5
     )
     with pytest.raises(
-        RayJobFailedError, match="ended FAILED: JobInputError: partition dt=2026-01-01 is empty"
-    ):
+        RayJobInputError, match="ended FAILED: JobInputError: partition dt=2026-01-01 is empty"
+    ) as failed:
         op.execute({"ti": FakeTaskInstance("echo")})
+    assert isinstance(failed.value, AirflowFailException) and "fails without retries" in str(failed.value)
+
+
+def test_other_job_failures_stay_retryable(ray_conn):
+    op = RayJobOperator(task_id="echo", spec={"crash_with": "CUDA out of memory"}, poll_interval=0.5)
+    with pytest.raises(RayJobFailedError, match="ended FAILED: RuntimeError: CUDA out of memory") as failed:
+        op.execute({"ti": FakeTaskInstance("echo")})
+    assert not isinstance(failed.value, AirflowFailException)
+
+
+def test_a_submission_the_jobs_api_rejects_fails_without_retries(ray_conn):
+    """The Jobs API answers 400 to a request it cannot parse (here: a metadata value that is no string)."""
+    hook = RayHook(ray_conn, retry_seconds=30)
+    started = time.monotonic()
+    with pytest.raises(RayJobRejectedError, match=r"(?s)answered 400.*a retry would be rejected") as rejected:
+        hook.submit_job(entrypoint="echo hi", submission_id=f"bad-{uuid.uuid4().hex[:8]}",
+                        metadata={"priority": 1})  # type: ignore[dict-item]  # fmt: skip
+    assert isinstance(rejected.value, AirflowFailException) and time.monotonic() - started < 5
+
+
+def test_a_resubmission_after_a_lost_answer_takes_the_job_it_already_submitted(ray_conn):
+    hook = RayHook(ray_conn)
+    submission_id = f"twice-{uuid.uuid4().hex[:8]}"
+    first = hook.submit_job(entrypoint="true", submission_id=submission_id, metadata={"k": "v"})
+    assert hook.submit_job(entrypoint="true", submission_id=submission_id, metadata={"k": "v"}) == first
+    with pytest.raises(RayJobRejectedError, match="is taken by another job"):
+        hook.submit_job(entrypoint="true", submission_id=submission_id, metadata={"k": "other"})
 
 
 def test_missing_input_partition_fails_before_spark_starts(ray_conn, tmp_path):
@@ -118,16 +182,81 @@ def test_missing_input_partition_fails_before_spark_starts(ray_conn, tmp_path):
     assert not (tmp_path / "staged").exists()
 
 
+def submit_as_try(op: RayJobOperator, ti: FakeTaskInstance) -> str:
+    """What a try does before its worker dies: submit its job (and nothing else)."""
+    identity = TaskIdentity.from_context({"ti": ti})
+    return op._reattach_or_submit(identity, op.job_payload({}, identity), op.job_runtime_env({}))
+
+
 def test_retry_reattaches_to_the_running_job_instead_of_submitting_again(ray_conn):
     hook = RayHook(ray_conn)
     first = FakeTaskInstance("echo", try_number=1)
     op = RayJobOperator(task_id="echo", spec={"payload": "once", "sleep_seconds": 3}, poll_interval=0.5)
-    # The first try submitted its job, then its Airflow worker died.
-    identity = TaskIdentity.from_context({"ti": first})
-    op._reattach_or_submit(identity, op.job_payload({}, identity), {})
+    # The first try submitted its job, then its Airflow worker died (an Airflow-side kill).
+    first_id = submit_as_try(op, first)
+    assert hook.get_job(first_id)["metadata"][DIGEST_KEY]
     retry = FakeTaskInstance("echo", try_number=2, run_id=first.run_id)
     assert op.execute({"ti": retry}) == {"echo": "once"}
     assert hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id()) is None
+
+
+def test_retry_takes_the_finished_result_of_an_earlier_try_with_the_same_spec(ray_conn):
+    hook = RayHook(ray_conn)
+    first = FakeTaskInstance("echo", try_number=1)
+    spec = {"payload": "stored"}
+    assert RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": first}) == {
+        "echo": "stored"
+    }
+    retry = FakeTaskInstance("echo", try_number=2, run_id=first.run_id)
+    assert RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": retry}) == {
+        "echo": "stored"
+    }
+    assert hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id()) is None
+
+
+def test_retry_after_the_spec_changed_submits_a_new_job_and_stops_the_stale_one(ray_conn, capsys):
+    hook = RayHook(ray_conn)
+    first = FakeTaskInstance("echo", try_number=1)
+    stale_id = submit_as_try(
+        RayJobOperator(task_id="echo", spec={"payload": "v1", "sleep_seconds": 60}), first
+    )
+    wait_for(hook, stale_id, {"RUNNING"})
+    retry = FakeTaskInstance("echo", try_number=2, run_id=first.run_id)
+    changed = RayJobOperator(task_id="echo", spec={"payload": "v2"}, poll_interval=0.5)
+    assert changed.execute({"ti": retry}) == {"echo": "v2"}
+    assert hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id())["status"] == "SUCCEEDED"
+    assert wait_for(hook, stale_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
+    assert "inputs or code changed since try 1" in capsys.readouterr().out
+
+
+def test_force_recompute_submits_a_new_job_that_is_told_to_ignore_stored_results(ray_conn):
+    hook = RayHook(ray_conn)
+    first = FakeTaskInstance("echo", try_number=1)
+    spec = {"payload": "same"}
+    RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": first})
+    retry = FakeTaskInstance("echo", try_number=2, run_id=first.run_id)
+    forced = RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5,
+                            force_recompute="{{ params.force_recompute }}")  # fmt: skip
+    forced.render_template_fields({"params": {"force_recompute": True}})
+    assert forced.execute({"ti": retry}) == {"echo": "same"}
+    job = hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id())
+    assert job["status"] == "SUCCEEDED" and job["runtime_env"]["env_vars"][FORCE_ENV] == "1"
+
+
+def test_a_stopped_job_is_final(ray_conn):
+    """Someone stops the job while the task waits: the task fails without retries, and the same try
+    never submits it again."""
+    hook = RayHook(ray_conn)
+    ti = FakeTaskInstance("echo")
+    op = RayJobOperator(task_id="echo", spec={"sleep_seconds": 60}, poll_interval=0.5)
+    submission_id = submit_as_try(op, ti)
+    wait_for(hook, submission_id, {"RUNNING"})
+    hook.stop_job(submission_id)
+    with pytest.raises(RayJobStoppedError, match="(?s)ended STOPPED.*not retried") as stopped:
+        op._wait(submission_id)
+    assert isinstance(stopped.value, AirflowFailException)
+    with pytest.raises(RayClusterError, match=r"of this try already exists \(STOPPED\); clear the task"):
+        op.execute({"ti": ti})
 
 
 def test_on_kill_stops_the_job(ray_conn):
@@ -183,7 +312,8 @@ def test_deferred_failure_carries_the_jobs_message(ray_conn):
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})
     event = run_trigger(deferred.value.trigger)
-    with pytest.raises(RayJobFailedError, match="JobInputError: bad schema in f03"):
+    assert event["input_error"] is True
+    with pytest.raises(RayJobInputError, match="JobInputError: bad schema in f03"):
         op.execute_complete({"ti": ti}, event)
 
 
@@ -197,7 +327,8 @@ def test_execution_timeout_while_deferred_stops_the_job(ray_conn):
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": FakeTaskInstance("echo")})
     event = run_trigger(deferred.value.trigger)
-    assert event["status"] == "error" and "execution_timeout" in event["message"]
+    assert event["status"] == "error" and event["reason"] == "execution_timeout"
+    assert "execution_timeout" in event["message"]
     assert (
         wait_for(RayHook(ray_conn), event["submission_id"], {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from emr_ray import storage
+from emr_ray import partitions, storage
 from tests.fixtures.pipeline import GOOD, dags_test
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,7 @@ def test_digits_dag_succeeds(run):
 
 
 def test_training_split_is_augmented_five_times(stack, run):
-    manifest = storage.read_manifest(storage.join(stack.staging_uri, "digits", f"dt={GOOD}"))
+    manifest = partitions.require_current(storage.join(stack.staging_uri, "digits", f"dt={GOOD}")).manifest
     rows = {name: out["rows"] for name, out in manifest["outputs"].items()}
     assert manifest["rows_in"] == 1797
     assert rows["train"] == 5 * (1797 - rows["test"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from emr_ray import storage
+from emr_ray import partitions, storage
 from tests.fixtures.pipeline import GOOD, ROWS, dags_test
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def test_the_run_succeeds(runs):
 
 
 def test_staged_partition_is_committed_with_row_counts(stack, runs):
-    manifest = storage.read_manifest(storage.join(stack.staging_uri, "tabular", f"dt={GOOD}"))
+    manifest = partitions.require_current(storage.join(stack.staging_uri, "tabular", f"dt={GOOD}")).manifest
     assert manifest["rows_in"] == ROWS
     rows = {name: out["rows"] for name, out in manifest["outputs"].items()}
     assert set(rows) == {"train", "test"} and sum(rows.values()) == ROWS
@@ -59,6 +59,22 @@ def test_model_versions_are_tagged_with_run_and_partition(registry, runs):
     assert good.tags["airflow.run_id"].startswith("manual__")
     assert good.tags["data_uri"].endswith(f"/tabular/dt={GOOD}")
     assert registry.get_run(good.run_id).data.metrics["test_accuracy"] > 0.8
+
+
+def test_the_version_names_the_generation_it_trained_on_and_that_is_what_the_training_read(
+    stack, registry, runs
+):
+    good = versions_by_partition(registry)[GOOD]
+    staged = partitions.pinned(good.tags["data_uri"], good.tags["generation"], stack.storage_options())
+    assert staged.manifest["producer"]["airflow.run_id"] == good.tags["airflow.run_id"]
+    params = registry.get_run(good.run_id).data.params
+    assert params["data.train"] == staged.output_uri("train") and params["data.test"] == staged.output_uri(
+        "test"
+    )
+    trained_rows = sum(int(m.value) for m in registry.get_metric_history(good.run_id, "train_rows")[-1:])
+    assert (
+        trained_rows == staged.outputs["train"]["rows"] - staged.outputs["train"]["rows"] % 2
+    )  # 2 equal shards
 
 
 def test_the_training_run_has_every_epoch_the_model_and_a_loss_curve(registry, runs):
@@ -112,8 +128,10 @@ def test_registration_emits_the_model_asset_event(runs):
 def test_downstream_scoring_dag_uses_the_champion(stack, runs, registry):
     run = dags_test(stack, GOOD, dag_id="score_tabular")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    manifest = storage.read_manifest(storage.join(stack.staging_uri, "predictions", f"dt={GOOD}"))
-    staged = storage.read_manifest(storage.join(stack.staging_uri, "tabular", f"dt={GOOD}"))
+    manifest = partitions.require_current(
+        storage.join(stack.staging_uri, "predictions", f"dt={GOOD}")
+    ).manifest
+    staged = partitions.require_current(storage.join(stack.staging_uri, "tabular", f"dt={GOOD}")).manifest
     assert manifest["rows"] == staged["outputs"]["test"]["rows"]
     assert manifest["version"] == registry.get_model_version_by_alias("tabular-mlp", "champion").version
     assert manifest["accuracy"] > 0.8

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from emr_ray import storage
+from emr_ray import partitions
 from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.torch import TorchTrainOperator
@@ -27,36 +27,30 @@ EPOCHS = 6
 
 
 @pytest.fixture(scope="module")
-def staged(tmp_path_factory) -> str:
+def staged(tmp_path_factory) -> partitions.Committed:
     """A committed, already standardized partition (written with pyarrow: no Spark needed here)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from include.data.synthetic import FEATURE_COLUMNS, make_partition
 
     root = tmp_path_factory.mktemp("staged")
     final = f"file://{root}/tabular/dt=2026-11-05"
-    tmp = storage.staging_uri(final)
     table = make_partition("2026-11-05", 12000)
     columns = {c: table[c].to_numpy() for c in FEATURE_COLUMNS}
     for c, values in columns.items():
         scaled = pa.array(((values - values.mean()) / values.std()).astype("float32"))
         table = table.set_column(table.schema.get_field_index(c), c, scaled)
     rows = {"train": table.slice(0, 10000), "test": table.slice(10000)}
-    for name, part in rows.items():
-        os.makedirs(f"{storage.split_uri(tmp)[1]}/{name}")
-        pq.write_table(part, f"{storage.split_uri(tmp)[1]}/{name}/part-0.parquet")
-    storage.commit(tmp, final, {"outputs": {n: {"rows": p.num_rows} for n, p in rows.items()}})
-    return final
+    return partitions.write_tables(final, rows, {"partition": "2026-11-05"})
 
 
-def make_operator(staged: str, checkpoints: Path, **kwargs) -> TorchTrainOperator:
+def make_operator(staged: partitions.Committed, checkpoints: Path, **kwargs) -> TorchTrainOperator:
     from include.data.synthetic import FEATURE_COLUMNS
 
     return TorchTrainOperator(
         task_id="train",
         train_loop="include.models.tabular:train_loop",
-        datasets={"train": f"{staged}/train", "test": f"{staged}/test"},
+        datasets={name: staged.output_uri(name) for name in ("train", "test")},
         storage_path=f"file://{checkpoints}",
         config={
             "feature_columns": FEATURE_COLUMNS,
@@ -120,7 +114,7 @@ def test_airflow_retry_resumes_from_the_latest_checkpoint(ray_conn, mlflow_conn,
     assert result["final_metrics"]["start_epoch"] > 0, "the retry trained from scratch instead of resuming"
     assert epochs_logged(mlflow_conn.tracking_uri, result["mlflow_run_id"]) == list(range(EPOCHS))
     third = FakeTaskInstance("train", 3, first.run_id)
-    again = make_operator(staged, tmp_path).execute({"ti": third})
+    again = make_operator(staged, tmp_path).execute({"ti": third, "ds": "2026-11-05"})
     assert again == result  # reattached to try 2's finished job: nothing trained again
     assert hook.get_job(TaskIdentity.from_context({"ti": third}).submission_id()) is None
 

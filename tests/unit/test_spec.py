@@ -9,6 +9,7 @@ import pytest
 from emr_ray import spec
 from emr_ray.spec import (
     CheckpointSpec,
+    CompareSection,
     MLflowSection,
     ScalingSpec,
     SparkJobSpec,
@@ -42,6 +43,15 @@ def test_a_training_spec_survives_json_and_back_unchanged():
     assert again == built
     assert isinstance(again.scaling, ScalingSpec) and again.scaling.num_workers == 4
     assert again.epochs == 3 and again.model_module == "include.models.tabular"
+
+
+def test_the_optional_compare_part_survives_json_and_back_and_defaults_to_none():
+    built = train_spec(compare=CompareSection(model_name="tabular-mlp"))
+    again = TrainJobSpec.from_dict(json.loads(built.to_json()))
+    assert again == built and isinstance(again.compare, CompareSection) and again.compare.alias == "champion"
+    assert TrainJobSpec.from_dict(json.loads(train_spec().to_json())).compare is None
+    with pytest.raises(SpecError, match="compare.model_name is empty; name the registered model"):
+        CompareSection(model_name="")
 
 
 def test_a_spark_spec_survives_json_and_back_unchanged():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from emr_ray import storage
@@ -57,46 +55,6 @@ def test_secrets_stay_out_of_repr_and_public_part():
     assert "very-secret" not in json.dumps(options.public())
 
 
-def _write(tmp_uri: str, rows: int) -> None:
-    _, path = storage.split_uri(tmp_uri)
-    import os
-
-    os.makedirs(f"{path}/train", exist_ok=True)
-    pq.write_table(pa.table({"x": list(range(rows))}), f"{path}/train/part-0.parquet")
-
-
-def test_commit_makes_a_partition_visible_only_when_complete(tmp_path):
-    final = f"file://{tmp_path}/staging/tabular/dt=2026-11-02"
-    tmp = storage.staging_uri(final)
-    _write(tmp, 5)
-    assert not storage.is_committed(final)
-    storage.commit(tmp, final, {"rows_in": 5})
-    assert storage.is_committed(final)
-    assert storage.read_manifest(final) == {"rows_in": 5}
-    assert [p.rsplit("/", 1)[1] for p in storage.list_parquet_files(final)] == ["part-0.parquet"]
-    assert not any(p.name.startswith("_tmp_") for p in (tmp_path / "staging" / "tabular").iterdir())
-
-
-def test_rerun_replaces_the_partition_cleanly(tmp_path):
-    final = f"file://{tmp_path}/out/dt=2026-11-02"
-    first = storage.staging_uri(final)
-    _write(first, 5)
-    (tmp_path / "extra").mkdir()
-    storage.commit(first, final, {"rows_in": 5})
-    stale = tmp_path / "out" / "dt=2026-11-02" / "train" / "stale.parquet"
-    stale.write_bytes(b"old")
-    second = storage.staging_uri(final)
-    _write(second, 7)
-    storage.commit(second, final, {"rows_in": 7})
-    assert storage.read_manifest(final) == {"rows_in": 7}
-    assert not stale.exists()
-
-
-def test_uncommitted_partition_is_refused_with_the_fix(tmp_path):
-    with pytest.raises(storage.StorageError, match="not committed .*rerun the task"):
-        storage.read_manifest(f"file://{tmp_path}/nothing/dt=2026-11-02")
-
-
 def test_a_cos_uri_without_a_region_fails_naming_the_field_not_a_made_up_host():
     with pytest.raises(storage.StorageError, match="No COS region for cos://b-125/raw: set 'region'"):
         storage.filesystem("cos://b-125/raw", storage.StorageOptions(endpoint_override=None))
@@ -106,3 +64,11 @@ def test_a_cos_uri_without_a_region_fails_naming_the_field_not_a_made_up_host():
 def test_a_partition_must_be_an_iso_date_and_nothing_else(bad):
     with pytest.raises(storage.StorageError, match="is not a date like 2026-11-28"):
         storage.validate_partition(bad)
+
+
+def test_every_dt_segment_of_keys_and_uris_is_checked_with_the_same_message():
+    storage.validate_partitions_in(
+        "raw/dt=2026-11-02/_SUCCESS", "cos://b/s/dt=2026-11-02/_generations/g1/train"
+    )
+    with pytest.raises(storage.StorageError, match="'2026-11-02 ' is not a date like 2026-11-28"):
+        storage.validate_partitions_in("raw/dt=2026-11-02 /_SUCCESS")

@@ -8,6 +8,9 @@ local head and to a remote EMR cluster. The connection:
 - password: the cluster's auth token (``ray get-auth-token``), sent as ``Authorization: Bearer``;
 - extra: ``verify`` (TLS verification, default true), ``headers`` (extra HTTP headers),
   ``runtime_env`` (merged under every job's runtime_env: how the cluster finds this package).
+
+The logic both wait paths share (what is transient, backoff, reading a job) is in
+:mod:`emr_ray.hooks.ray_wait`.
 """
 
 from __future__ import annotations
@@ -15,20 +18,26 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from airflow.sdk import BaseHook
 
-from emr_ray.exceptions import RayClusterError
-from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, parse_marked
+from emr_ray.exceptions import (
+    RayAuthError,
+    RayClusterError,
+    RayJobRejectedError,
+    RayJobsApiError,
+)
+from emr_ray.hooks.ray_wait import BACKOFF, Backoff, Outage, is_transient, summarize_cluster
 
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 DEFAULT_DASHBOARD_PORT = 8265
+T = TypeVar("T")
 
 
 def _auto_address() -> tuple[str, str | None]:
@@ -55,6 +64,10 @@ class RayHook(BaseHook):
     """Talks to a Ray cluster through its Jobs API: version, resources, submit, status, logs, stop.
 
     :param ray_conn_id: the ``ray`` connection (dashboard address, token, TLS, headers).
+    :param timeout: seconds one HTTP call may take.
+    :param retry_seconds: how long to retry a call that fails transiently (:func:`is_transient`),
+        each retry logged; 0 (the default) fails at once.
+    :param backoff: the waits between retries (default :data:`BACKOFF`: 1 s doubling to 30 s).
     """
 
     conn_name_attr = "ray_conn_id"
@@ -62,10 +75,19 @@ class RayHook(BaseHook):
     conn_type = "ray"
     hook_name = "Ray"
 
-    def __init__(self, ray_conn_id: str = default_conn_name, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        ray_conn_id: str = default_conn_name,
+        *,
+        timeout: float = 30.0,
+        retry_seconds: float = 0.0,
+        backoff: Backoff = BACKOFF,
+    ) -> None:
         super().__init__()
         self.ray_conn_id = ray_conn_id
         self.timeout = timeout
+        self.retry_seconds = float(retry_seconds)
+        self.backoff = backoff
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -123,38 +145,70 @@ class RayHook(BaseHook):
             timeout=self.timeout,
         )
 
-    def _request(
+    # -- one call, and its retries ----------------------------------------------------------------
+    def unreachable(self, error: httpx.HTTPError) -> RayJobsApiError:
+        """A call that got no answer, as a message that names the address and what to check."""
+        return RayJobsApiError(
+            f"Ray cluster at {self.dashboard_url} is unreachable ({type(error).__name__}: {error}). "
+            f"Check connection {self.ray_conn_id!r} (host should be the dashboard address, "
+            "http://<head>:8265) and that the head node and its dashboard are running.",
+            transient=is_transient(error),
+        )
+
+    def _request_once(
         self, method: str, path: str, *, allow_404: bool = False, **kwargs: Any
     ) -> httpx.Response | None:
-        """One HTTP call, with connection and auth failures turned into messages that say the fix."""
         try:
             response = self.client.request(method, path, **kwargs)
         except httpx.HTTPError as e:
-            raise RayClusterError(
-                f"Ray cluster at {self.dashboard_url} is unreachable ({type(e).__name__}: {e}). "
-                f"Check connection {self.ray_conn_id!r} (host should be the dashboard address, "
-                "http://<head>:8265) and that the head node and its dashboard are running."
-            ) from e
+            raise self.unreachable(e) from e
         return self.check_response(response, allow_404=allow_404)
+
+    def _request(
+        self, method: str, path: str, *, allow_404: bool = False, **kwargs: Any
+    ) -> httpx.Response | None:
+        """One HTTP call, retried while it fails transiently, failures as messages that say the fix."""
+        return self.call_with_retries(
+            f"{method} {path}", lambda: self._request_once(method, path, allow_404=allow_404, **kwargs)
+        )
+
+    def call_with_retries(self, what: str, call: Callable[[], T]) -> T:
+        """Run ``call``; retry it while it raises a transient :class:`RayJobsApiError`, within
+        ``retry_seconds``, logging each retry. Anything else, and the last failure, is raised."""
+        outage: Outage | None = None
+        while True:
+            try:
+                return call()
+            except RayJobsApiError as e:
+                if not e.transient or self.retry_seconds <= 0:
+                    raise
+                outage = outage or Outage(self.retry_seconds, self.backoff)
+                delay = outage.next_delay()
+                if delay is None:
+                    raise outage.gave_up(what, e) from e
+                self.log.warning("%s", outage.retry_line(what, e, delay))
+                time.sleep(delay)
 
     def check_response(self, response: httpx.Response, *, allow_404: bool = False) -> httpx.Response | None:
         """The response, or None for an allowed 404; auth and HTTP errors as messages that say the fix."""
         if response.status_code == 401:
-            raise RayClusterError(
+            raise RayAuthError(
                 f"Ray cluster at {self.dashboard_url} requires an auth token: set the password of "
                 f"connection {self.ray_conn_id!r} to the cluster's token (`ray get-auth-token` on the head)."
             )
         if response.status_code == 403:
-            raise RayClusterError(
+            raise RayAuthError(
                 f"Ray cluster at {self.dashboard_url} rejected the auth token of connection "
                 f"{self.ray_conn_id!r}: it is wrong or outdated; copy the current one from the head."
             )
         if response.status_code == 404 and allow_404:
             return None
         if response.status_code >= 400:
-            raise RayClusterError(
+            raise RayJobsApiError(
                 f"Ray Jobs API {response.request.method} {response.request.url.path} answered "
-                f"{response.status_code}: {response.text[:2000]}"
+                f"{response.status_code}: {response.text[:2000]}",
+                status_code=response.status_code,
+                transient=is_transient(response.status_code),
             )
         return response
 
@@ -166,27 +220,15 @@ class RayHook(BaseHook):
         return response.json()
 
     def get_cluster_resources(self) -> dict[str, Any]:
-        """Total and available resources summed over alive nodes, plus the node list."""
-        response = self._request("GET", "/nodes", params={"view": "summary"})
-        assert response is not None
-        summary = response.json().get("data", {}).get("summary", [])
-        total: dict[str, float] = {}
-        available: dict[str, float] = {}
-        nodes = []
-        for node in summary:
-            raylet = node.get("raylet", {})
-            if raylet.get("state") != "ALIVE":
-                continue
-            nodes.append(
-                {"node_id": raylet.get("nodeId"), "ip": raylet.get("nodeManagerAddress") or node.get("ip")}
-            )
-            for key, value in (raylet.get("resourcesTotal") or {}).items():
-                total[key] = total.get(key, 0.0) + float(value)
-            for key, value in (
-                raylet.get("resourcesAvailable") or raylet.get("resourcesTotal") or {}
-            ).items():
-                available[key] = available.get(key, 0.0) + float(value)
-        return {"total": total, "available": available, "nodes": nodes}
+        """``{"total": ..., "available": ..., "nodes": [...]}`` over the alive nodes (``available``:
+        what no task, actor or job holds now; None when the cluster does not say)."""
+        nodes = self._request("GET", "/nodes", params={"view": "summary"})
+        assert nodes is not None
+        try:
+            status = self._request_once("GET", "/api/cluster_status", params={"format": "0"})
+        except RayClusterError:
+            status = None
+        return summarize_cluster(nodes.json(), None if status is None else status.json())
 
     def test_connection(self) -> tuple[bool, str]:
         """Report the cluster's Ray version and CPUs; never raises."""
@@ -213,7 +255,12 @@ class RayHook(BaseHook):
         entrypoint_num_gpus: float | None = None,
         entrypoint_resources: dict[str, float] | None = None,
     ) -> str:
-        """Submit a job under ``submission_id`` and return it."""
+        """Submit a job under ``submission_id`` and return it.
+
+        Retried like every call; a retry that finds the job already submitted with the same metadata
+        (the first answer was lost) takes it. A rejection (4xx) raises :class:`RayJobRejectedError`:
+        the same submission would be rejected again.
+        """
         body: dict[str, Any] = {
             "entrypoint": entrypoint,
             "submission_id": submission_id,
@@ -227,9 +274,32 @@ class RayHook(BaseHook):
         ):
             if value is not None:
                 body[key] = value
-        response = self._request("POST", "/api/jobs/", json=body)
-        assert response is not None
-        return response.json().get("submission_id", submission_id)
+
+        def post() -> str:
+            try:
+                response = self._request_once("POST", "/api/jobs/", json=body)
+            except RayJobsApiError as e:
+                if "already exists" in str(e):
+                    existing = self._request_once("GET", f"/api/jobs/{submission_id}", allow_404=True)
+                    if existing is not None and (existing.json().get("metadata") or {}) == body["metadata"]:
+                        self.log.info(
+                            "Ray job %s was submitted by an attempt whose answer was lost", submission_id
+                        )
+                        return submission_id
+                    raise RayJobRejectedError(
+                        f"Ray job submission id {submission_id} is taken by another job; stop and delete "
+                        "that job, or clear the task so that it runs under a new try number."
+                    ) from e
+                if e.http_status is not None and 400 <= e.http_status < 500 and not e.transient:
+                    raise RayJobRejectedError(
+                        f"{e}\nThe Jobs API rejected job {submission_id}; a retry would be rejected the "
+                        "same way: fix its runtime_env, entrypoint or entrypoint resources."
+                    ) from e
+                raise
+            assert response is not None
+            return response.json().get("submission_id", submission_id)
+
+        return self.call_with_retries("POST /api/jobs/", post)
 
     def get_job(self, submission_id: str) -> dict[str, Any] | None:
         """The job's details (``status``, ``message``, ...), or None when no such job exists."""
@@ -260,15 +330,38 @@ class RayHook(BaseHook):
 
 
 class AsyncJobsClient:
-    """The job calls of :class:`RayHook`, awaited: same answers, same error messages."""
+    """The job calls of :class:`RayHook`, awaited: same answers, same error messages, same retries."""
 
     def __init__(self, hook: RayHook, client: httpx.AsyncClient) -> None:
         self.hook = hook
         self.client = client
 
-    async def _json(self, method: str, path: str) -> dict[str, Any] | None:
-        response = self.hook.check_response(await self.client.request(method, path), allow_404=True)
-        return None if response is None else response.json()
+    async def call_with_retries(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """As :meth:`RayHook.call_with_retries`, sleeping with ``asyncio.sleep``."""
+        outage: Outage | None = None
+        while True:
+            try:
+                return await call()
+            except RayJobsApiError as e:
+                if not e.transient or self.hook.retry_seconds <= 0:
+                    raise
+                outage = outage or Outage(self.hook.retry_seconds, self.hook.backoff)
+                delay = outage.next_delay()
+                if delay is None:
+                    raise outage.gave_up(what, e) from e
+                self.hook.log.warning("%s", outage.retry_line(what, e, delay))
+                await asyncio.sleep(delay)
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
+        async def once() -> dict[str, Any] | None:
+            try:
+                response = await self.client.request(method, path, **kwargs)
+            except httpx.HTTPError as e:
+                raise self.hook.unreachable(e) from e
+            checked = self.hook.check_response(response, allow_404=True)
+            return None if checked is None else checked.json()
+
+        return await self.call_with_retries(f"{method} {path}", once)
 
     async def get_job(self, submission_id: str) -> dict[str, Any] | None:
         """As :meth:`RayHook.get_job`."""
@@ -282,30 +375,14 @@ class AsyncJobsClient:
         """As :meth:`RayHook.stop_job`."""
         return bool(((await self._json("POST", f"/api/jobs/{submission_id}/stop")) or {}).get("stopped"))
 
-
-def interpret_job(submission_id: str, job: dict[str, Any] | None, logs: str) -> dict[str, Any]:
-    """One reading of a finished job for both the poking and the deferred path.
-
-    ``{"status": "success", "result": ...}`` when the job succeeded and printed its result line,
-    else ``{"status": "error", "message": ...}`` carrying the job's own error text.
-    """
-    job_status = (job or {}).get("status", "FAILED")
-    event: dict[str, Any] = {"submission_id": submission_id, "job_status": job_status}
-    if job_status == "SUCCEEDED":
-        result = parse_marked(logs, RESULT_MARKER)
-        if result is not None:
-            return event | {"status": "success", "result": result}
-        return event | {
-            "status": "error",
-            "message": f"succeeded but printed no result line ({RESULT_MARKER.strip()})",
-        }
-    error = parse_marked(logs, ERROR_MARKER)
-    detail = (
-        f"{error.get('type')}: {error.get('message')}"
-        if error
-        else (job or {}).get("message") or "job vanished"
-    )
-    return event | {"status": "error", "message": f"ended {job_status}: {detail}"}
+    async def get_cluster_resources(self) -> dict[str, Any]:
+        """As :meth:`RayHook.get_cluster_resources`."""
+        nodes = await self._json("GET", "/nodes", params={"view": "summary"}) or {}
+        try:
+            status = await self._json("GET", "/api/cluster_status", params={"format": "0"})
+        except RayClusterError:
+            status = None
+        return summarize_cluster(nodes, status)
 
 
 def merge_runtime_env(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

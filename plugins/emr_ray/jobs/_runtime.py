@@ -1,4 +1,9 @@
-"""What every job entrypoint shares: read the spec, run, print the marked result or error, exit code."""
+"""What every job entrypoint shares: read the spec, run, print the marked result or error, exit code.
+
+Exit codes: 0 with the result line; 2 with an error line marked ``"input_error": true`` for what a
+retry cannot fix (bad or missing input, a bad config or spec, a module that does not import); 1
+with an error line and the traceback for anything else. The operator fails without retries on 2.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,11 @@ class JobInputError(Exception):
     """Bad input (missing partition, wrong schema, bad config): exit 2 with a message, no traceback."""
 
 
+#: what a job raises for input a retry cannot fix (``ValueError`` covers spec decoding and checks)
+INPUT_ERRORS: tuple[type[BaseException], ...] = (JobInputError, storage.StorageError, ValueError, ImportError)
+INPUT_ERROR_EXIT_CODE = 2
+
+
 def main(
     run: Callable[[Any], dict[str, Any]],
     argv: list[str] | None = None,
@@ -36,15 +46,15 @@ def main(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
     )
-    if args.spec:
-        with open(args.spec) as f:
-            payload = json.load(f)
-    else:
-        payload = decode_spec(args.spec_b64)
     try:
+        if args.spec:
+            with open(args.spec) as f:
+                payload = json.load(f)
+        else:
+            payload = decode_spec(args.spec_b64)
         result = run(spec_type.from_dict(payload) if spec_type else payload)
-    except (JobInputError, storage.StorageError, ValueError) as e:
-        _fail(e, code=2)
+    except INPUT_ERRORS as e:
+        _fail(e, code=INPUT_ERROR_EXIT_CODE)
     except Exception as e:
         traceback.print_exc(file=sys.stdout)
         _fail(e, code=1)
@@ -58,6 +68,11 @@ def main(
 
 def _fail(error: BaseException, *, code: int) -> None:
     sys.stderr.flush()
-    print("\n" + ERROR_MARKER + json.dumps({"type": type(error).__name__, "message": str(error)}), flush=True)
+    marked = {
+        "type": type(error).__name__,
+        "message": str(error),
+        "input_error": code == INPUT_ERROR_EXIT_CODE,
+    }
+    print("\n" + ERROR_MARKER + json.dumps(marked), flush=True)
     sys.stdout.flush()
     sys.exit(code)

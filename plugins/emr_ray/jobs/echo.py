@@ -1,5 +1,7 @@
 """Job: return the spec's payload, optionally after a pause; a smoke test of the whole Jobs API path.
 
+``fail_with`` fails it on its input (exit 2, not retried); ``crash_with`` fails it otherwise (exit 1).
+
 Imports no Ray unless asked to spread tasks (``spread_tasks: N``): then it runs N one-CPU tasks
 with the SPREAD strategy and reports the nodes they ran on, which shows placement across nodes.
 """
@@ -22,6 +24,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         time.sleep(1)
     if spec.get("fail_with"):
         raise JobInputError(spec["fail_with"])
+    if spec.get("crash_with"):
+        raise RuntimeError(spec["crash_with"])
     result: dict[str, Any] = {"echo": spec.get("payload")}
     if spec.get("spread_tasks"):
         result["task_nodes"] = _spread(int(spec["spread_tasks"]))

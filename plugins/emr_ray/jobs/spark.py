@@ -1,5 +1,6 @@
 """Job: start Spark on Ray (RayDP), read one committed input partition, run a preprocessing function,
-write its outputs to a temporary prefix and commit them as one partition. Spark is always stopped.
+write its outputs as a new generation of the output partition and commit it in one atomic step
+(:mod:`emr_ray.partitions`). Spark is always stopped; an uncommitted generation is removed.
 
 The preprocessing function (``spec.preprocess``, an import path) takes the input DataFrame and
 the step's config and returns a DataFrame or a dict of named DataFrames (e.g. train and test).
@@ -12,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from emr_ray import storage
+from emr_ray import partitions, storage
 from emr_ray.jobs._runtime import JobInputError, main
 from emr_ray.jobs.validation import schema_problems, value_problems
 from emr_ray.spec import SparkJobSpec, import_by_path
@@ -137,7 +138,8 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
     )
     log.info("Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each", time.monotonic() - started,
              spark_spec.num_executors, spark_spec.executor_cores, spark_spec.executor_memory)  # fmt: skip
-    tmp_uri = storage.staging_uri(output_uri)
+    generation = partitions.new_generation()
+    committed = None
     try:
         df = read_partition(spark, input_uri, files, options).cache()
         validate_columns(df, config.get("required_columns", []), input_uri)
@@ -153,31 +155,40 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
         for name, out in outputs.items():
             out = out.cache()
             rows = out.count()
-            write_output(out, storage.join(tmp_uri, name), options)
-            written[name] = {"rows": rows, "uri": storage.join(output_uri, name),
+            write_output(out, partitions.output_uri(output_uri, generation, name), options)
+            written[name] = {"rows": rows,
                              "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
             log.info("Wrote output %r: %d rows", name, rows)
         manifest = {
             "partition": partition,
             "input_uri": input_uri,
+            "input_files": input_file_sizes(files, input_uri, options),
             "rows_in": rows_in,
             "outputs": written,
             "producer": spec.identity,
             "preprocess": spec.preprocess,
         }
-        storage.commit(tmp_uri, output_uri, manifest, options)
-        log.info("Committed partition %s", output_uri)
+        committed = partitions.commit(output_uri, generation, manifest, options, keep=spec.keep_generations)
     finally:
         raydp.stop_spark()
-        _remove_quietly(tmp_uri, options)
+        if committed is None:
+            partitions.discard(output_uri, generation, options)
     return {
         "partition": partition,
         "input_uri": input_uri,
         "output_uri": output_uri,
+        "generation": generation,
+        "superseded_by": committed.superseded_by,
         "rows_in": rows_in,
         "rows_out": {name: item["rows"] for name, item in written.items()},
-        "outputs": {name: item["uri"] for name, item in written.items()},
+        "outputs": {name: committed.output_uri(name) for name in written},
     }
+
+
+def input_file_sizes(files: list[str], uri: str, options: storage.StorageOptions) -> list[list[Any]]:
+    """The input files with their sizes, recorded in the manifest: which raw data made this generation."""
+    fsys = storage.filesystem(uri, options)
+    return [[info.path, info.size] for info in fsys.get_file_info(files)]
 
 
 def _raise_if(problems: list[str], uri: str) -> None:
@@ -187,18 +198,6 @@ def _raise_if(problems: list[str], uri: str) -> None:
             + "; ".join(problems)
             + ". Fix the producer (or the step's declared schema) and rerun; nothing was written."
         )
-
-
-def _remove_quietly(uri: str, options: storage.StorageOptions) -> None:
-    """Drop a leftover temporary prefix (after a failure); committed output was already moved away."""
-    from pyarrow import fs as pafs
-
-    try:
-        fsys, path = storage.resolve(uri, options)
-        if fsys.get_file_info(path).type != pafs.FileType.NotFound:
-            fsys.delete_dir(path)
-    except Exception:  # cleanup must never hide the real error
-        log.warning("Could not remove temporary output %s", uri, exc_info=True)
 
 
 if __name__ == "__main__":

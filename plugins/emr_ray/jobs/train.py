@@ -22,10 +22,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from emr_ray import storage
+from emr_ray import partitions, storage
+from emr_ray.jobs import compare as comparing
 from emr_ray.jobs import shards
 from emr_ray.jobs import train_mlflow as tracking
 from emr_ray.jobs._runtime import JobInputError, main
+from emr_ray.reuse import FORCE_ENV
 from emr_ray.spec import TrainJobSpec, import_by_path
 
 log = logging.getLogger("emr_ray.jobs.train")
@@ -64,10 +66,12 @@ class RunState:
 
 # -- step 1: plan -----------------------------------------------------------------------------------
 def plan_datasets(spec: TrainJobSpec, options: storage.StorageOptions) -> dict[str, Any]:
-    """The shard plan for the workers: each dataset's Parquet files with their row counts."""
+    """The shard plan for the workers: exactly the files each dataset's committed manifest lists
+    (sizes checked), with their row counts from the Parquet footers."""
     datasets = {}
     for name, uri in spec.datasets.items():
-        files = storage.list_parquet_files(uri, options)
+        committed, output = partitions.for_output_uri(uri, options)
+        files = [path for path, _ in partitions.dataset_files(committed, output, options)]
         if not files:
             raise JobInputError(
                 f"Training input {name}={uri} has no Parquet files; run the preprocessing step first."
@@ -92,18 +96,25 @@ def planned_rows(plan: dict[str, Any], spec: TrainJobSpec) -> dict[str, int]:
 
 # -- step 2: resume state ---------------------------------------------------------------------------
 def input_manifests(spec: TrainJobSpec, options: storage.StorageOptions) -> dict[str, Any]:
-    """The row counts each input's partition manifest records (part of the fingerprint)."""
+    """Each input's generation and the digest of its files' checksums (part of the fingerprint):
+    other data, even with the same row counts, is another training."""
     manifests = {}
     for name, uri in spec.datasets.items():
-        partition_root = uri.rstrip("/").rpartition("/")[0]
-        outputs = storage.read_manifest(partition_root, options).get("outputs", {})
-        manifests[name] = outputs.get(name, {}).get("rows")
+        committed, _ = partitions.for_output_uri(uri, options)
+        manifests[name] = {"generation": committed.generation, "digest": committed.digest()}
     return manifests
 
 
-def resume_state(spec: TrainJobSpec, run_state: RunState, print_key: str) -> dict[str, Any]:
-    """The stored state to continue from: kept when the inputs are the same, cleared otherwise."""
+def resume_state(
+    spec: TrainJobSpec, run_state: RunState, print_key: str, *, force: bool = False
+) -> dict[str, Any]:
+    """The stored state to continue from: kept when the inputs are the same, cleared otherwise
+    (and always cleared when recomputation is forced)."""
     state = run_state.read()
+    if state and force:
+        log.info("Recomputation forced: discarding the stored run %s.", spec.run_name)
+        run_state.clear()
+        return {}
     if state and state.get("fingerprint") != print_key:
         log.info("Inputs changed since the stored run %s: starting it clean.", spec.run_name)
         run_state.clear()
@@ -154,6 +165,7 @@ class Fitted:
     best: Any
     final: dict[str, Any]
     seconds: float
+    comparison: dict[str, Any] | None = None
 
 
 def fit_and_log(trainer, spec: TrainJobSpec, plan: dict[str, Any], options, mlflow_run_id: str) -> Fitted:
@@ -170,8 +182,12 @@ def fit_and_log(trainer, spec: TrainJobSpec, plan: dict[str, Any], options, mlfl
         if best is None:
             raise RuntimeError(f"Training {spec.run_name} finished without a checkpoint; nothing to log.")
         example_set = plan["datasets"]["test" if "test" in plan["datasets"] else "train"]
-        tracking.log_model(spec, mlflow_run_id, best, _input_example(example_set, spec.config, options))
+        model = tracking.log_model(
+            spec, mlflow_run_id, best, _input_example(example_set, spec.config, options)
+        )
         tracking.log_loss_curve(mlflow_client, mlflow_run_id, spec.run_name)
+        # the champion and this model on the same test rows, before the run is FINISHED (jobs/compare.py)
+        comparison = comparing.with_champion(spec, plan, options, mlflow_run_id, model)
         final = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
         for key in ("test_accuracy", "test_loss"):
             if key in final:
@@ -181,7 +197,7 @@ def fit_and_log(trainer, spec: TrainJobSpec, plan: dict[str, Any], options, mlfl
     except BaseException:
         mlflow_client.set_terminated(mlflow_run_id, status="FAILED")
         raise
-    return Fitted(result, best, final, seconds)
+    return Fitted(result, best, final, seconds, comparison)
 
 
 # -- step 5: result ---------------------------------------------------------------------------------
@@ -204,6 +220,7 @@ def result_of(spec: TrainJobSpec, fitted: Fitted, mlflow_run_id: str, rows: dict
         "epochs_completed": int(fitted.final.get("epoch", spec.epochs - 1)) + 1,
         "rows": rows,
         "fit_seconds": round(fitted.seconds, 2),
+        "comparison": fitted.comparison,
     }
 
 
@@ -215,12 +232,15 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     import_by_path(f"{spec.model_module}:build_model")  # fail before training, not after it
     print_key = fingerprint(spec, input_manifests(spec, options))
     run_state = RunState(*storage.resolve(storage.join(spec.storage_path, spec.run_name), options))
-    state = resume_state(spec, run_state, print_key)
+    state = resume_state(spec, run_state, print_key, force=os.environ.get(FORCE_ENV) == "1")
     if state.get("result"):
         log.info(
             "Training %s already finished with these inputs; returning its stored result.", spec.run_name
         )
-        return state["result"] | {"reused": True}
+        stored = state["result"]
+        # the champion may have changed since: compare again without training again (jobs/compare.py)
+        comparison = comparing.refresh(spec, stored, lambda: plan_datasets(spec, options), options)
+        return stored | {"reused": True, "comparison": comparison}
 
     # Ray Train's controller polls its workers every 2 s by default: each epoch's report, and the end
     # of training, wait for the next poll. Polls are cheap; 0.5 s takes seconds off every fit().

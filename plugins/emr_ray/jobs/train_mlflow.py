@@ -115,8 +115,8 @@ def _checkpoint_metrics(fsys, directory: str) -> dict[str, Any] | None:
         return emr_train.read_metrics(tmp)
 
 
-def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example) -> None:
-    """Rebuild the model from the best checkpoint and log it (with signature and input example)."""
+def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example):
+    """Rebuild the model from the best checkpoint and log it (with signature and input example); return it."""
     import mlflow
     import torch
 
@@ -135,6 +135,7 @@ def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example) -> No
             code_paths=[code_dir] if os.path.basename(code_dir) == "include" else None,
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
         )
+    return model
 
 
 def log_loss_curve(mlflow_client, mlflow_run_id: str, title: str) -> None:

@@ -1,10 +1,18 @@
 """Register a model version from an MLflow run and promote it with aliases (champion/challenger).
 
-MLflow deprecated model stages; this operator uses aliases only. The gate is one metric of the
-source runs: the new version always becomes ``challenger``, and ``champion`` only when it beats the
-current champion's value by at least ``min_improvement`` (a tie never does), or when there is no
-champion yet. The rule is :func:`emr_ray.promotion.decide`; every MLflow call goes through
-:class:`~emr_ray.hooks.mlflow.MLflowHook`.
+MLflow deprecated model stages; this operator uses aliases only. The new version always becomes
+``challenger``; ``champion`` moves by :func:`emr_ray.promotion.decide`, on figures that compare like
+with like: when the training job scored the current champion on the challenger's own test rows
+(``TorchTrainOperator(compare_with_model=...)``), those two figures decide; older runs fall back
+to the metric the champion's own run logged. A NaN or infinite metric fails the task without retry
+and registers nothing. Runs of historical dates (backfills, or a partition older than the
+champion's) stay challenger unless ``promote_historical``.
+
+Promotion is a compare-and-set: the champion alias is read again right before it is moved and
+right after, and the decision is made again against whichever version holds it, a few times at
+most. MLflow has no conditional alias write, so that leaves a window of milliseconds; run the task
+in a one-slot pool (the DAGs share ``mlflow_promotion``; one pool per model also works) to close it. Every MLflow call
+goes through :class:`~emr_ray.hooks.mlflow.MLflowHook`.
 
 Registration is idempotent: a retry, or a rerun of the same DAG run, finds the version already
 registered from the same MLflow run and reuses it instead of creating a second one.
@@ -12,17 +20,29 @@ registered from the same MLflow run and reuses it instead of creating a second o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator
 
-from emr_ray.exceptions import MLflowRegistryError
+from emr_ray.exceptions import MLflowMetricNotFiniteError, MLflowRegistryError
 from emr_ray.hooks.mlflow import MLflowHook
 from emr_ray.hooks.mlflow_registry import TAG_ARTIFACT_PATH
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
-from emr_ray.promotion import DIRECTIONS, Decision, decide
+from emr_ray.promotion import (
+    DIRECTIONS,
+    TAG_COMPARE_SKIPPED,
+    Comparison,
+    Decision,
+    NonFiniteMetricError,
+    comparison_from_run,
+    decide,
+    historical_reason,
+    require_finite,
+)
 from emr_ray.templating import as_bool
 
 if TYPE_CHECKING:
@@ -38,6 +58,44 @@ TAG_RUN_ID = "airflow.run_id"
 TAG_TASK_ID = "airflow.task_id"
 TAG_MAP_INDEX = "airflow.map_index"
 TAG_PARTITION = "partition"
+
+#: How many times one task decides at most when the champion alias keeps moving under it.
+MAX_DECISIONS = 4
+#: How long to wait after moving the champion alias before reading it back (a concurrent writer's
+#: request in flight lands within that time).
+ALIAS_SETTLE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Champion:
+    """The version the champion alias points at, as read for one decision."""
+
+    version: str | None = None
+    #: the metric its own source run logged (None when the run is gone or lacks it)
+    value: float | None = None
+    #: its ``partition`` tag
+    partition: str | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What is known of the run being registered, for every decision about it."""
+
+    run_id: str
+    #: its gate metric, as its run logged it (finite)
+    value: float
+    #: both models' figures on its test rows, when the training job made them
+    comparison: Comparison | None
+    #: the partition its version is (or will be) tagged with
+    partition: str | None
+    #: the DAG run's ``run_type`` (``backfill``, ``manual``, ``scheduled``)
+    run_type: str | None
+
+    def historical(self, champion: Champion) -> str | None:
+        """Why this run is historical next to ``champion``, or None."""
+        return historical_reason(
+            run_type=self.run_type, partition=self.partition, champion_partition=champion.partition
+        )
 
 
 def mlflow_model_asset(model_name: str) -> Asset:
@@ -57,10 +115,24 @@ class MLflowRegisterOperator(BaseOperator):
     """
     Register the model an MLflow run logged, tag it, and move ``challenger`` / ``champion`` aliases.
 
-    The source run must be ``FINISHED`` and carry ``metric``; otherwise nothing is registered.
-    The returned XCom is a dict with ``model_name``, ``version``, ``model_uri``, ``run_id``,
-    ``metric``, ``value``, ``champion_value_before``, ``promoted``, ``aliases``, ``reused``,
-    ``champion_version_before`` and ``reason``.
+    The source run must be ``FINISHED`` and carry a finite ``metric``; otherwise nothing is
+    registered (a NaN or infinite value fails the task without retry:
+    :class:`~emr_ray.exceptions.MLflowMetricNotFiniteError`). The returned XCom is a dict with
+    ``model_name``, ``version``, ``model_uri``, ``run_id``, ``metric``, ``value``,
+    ``champion_value_before`` and ``champion_version_before`` (the champion the final decision was
+    made against), ``promoted``, ``aliases``, ``reused``, ``reason``, and:
+
+    - ``comparison``: what the training job scored on the challenger's own test rows, or None:
+      ``champion_version``, ``rows``, ``challenger_value``, ``champion_value``;
+    - ``same_rows``: whether the decision compared two figures from the same rows;
+    - ``historical``: whether the run counts as historical (a backfill, or a partition older than
+      the champion's);
+    - ``decisions``: how many times the decision was made (more than 1 when the champion alias
+      moved while this task was deciding).
+
+    Run it in a one-slot pool (``pool="mlflow_promotion"``, which must exist: ``airflow pools set
+    mlflow_promotion 1 ...``): two promotions of one model are then one after the other, and the
+    second decides against the first's result.
 
     :param model_name: registered model name; created when missing. (templated)
     :param run_id: MLflow run that logged the model, typically the training task's XCom. (templated)
@@ -73,6 +145,9 @@ class MLflowRegisterOperator(BaseOperator):
     :param champion_alias: alias of the version in production.
     :param register_only_if_better: register nothing unless the run beats the champion (templated:
         ``"{{ params.register_only_if_better }}"`` works).
+    :param promote_historical: let a historical run (a backfill, or a partition older than the
+        champion's ``partition`` tag) replace the champion; by default it stays challenger
+        (templated: ``"{{ params.promote_historical }}"`` works).
     :param version_tags: extra model version tags; ``partition`` here overrides the default
         (the DAG run's ``ds``). (templated)
     :param description: model version description. (templated)
@@ -90,6 +165,7 @@ class MLflowRegisterOperator(BaseOperator):
         "version_tags",
         "description",
         "register_only_if_better",
+        "promote_historical",
     )
     template_fields_renderers = {"version_tags": "json"}
     ui_color = "#d5e8f7"
@@ -107,6 +183,7 @@ class MLflowRegisterOperator(BaseOperator):
         challenger_alias: str = "challenger",
         champion_alias: str = "champion",
         register_only_if_better: bool | str = False,
+        promote_historical: bool | str = False,
         version_tags: dict[str, str] | None = None,
         description: str | None = None,
         mlflow_conn_id: str = MLflowHook.default_conn_name,
@@ -140,6 +217,7 @@ class MLflowRegisterOperator(BaseOperator):
         self.challenger_alias = challenger_alias
         self.champion_alias = champion_alias
         self.register_only_if_better = register_only_if_better
+        self.promote_historical = promote_historical
         self.version_tags = version_tags
         self.description = description
         self.mlflow_conn_id = mlflow_conn_id
@@ -157,35 +235,27 @@ class MLflowRegisterOperator(BaseOperator):
 
         run, value = self._check_run(run_id)
         MLflowRunLink.persist(context, hook.run_url(run.info.experiment_id, run_id))
+        comparison = self._comparison(run, name)
         hook.ensure_registered_model(name)
         existing = hook.find_version_from_run(name, run_id, artifact_path)
-        champion_version, champion_value = self._champion(name)
+        tags = self._version_tags(context, artifact_path)
+        candidate = Candidate(
+            run_id=run_id,
+            value=value,
+            comparison=comparison,
+            partition=(existing.tags if existing is not None else tags).get(TAG_PARTITION),
+            run_type=getattr(context.get("dag_run"), "run_type", None),
+        )
 
         # The decision, before anything is written.
-        decision = decide(
-            value,
-            champion_version=champion_version,
-            champion_value=champion_value,
-            existing_is_champion=existing is not None and str(existing.version) == champion_version,
-            direction=self.direction,
-            min_improvement=self.min_improvement,
-            metric=self.metric,
-            champion_alias=self.champion_alias,
-        )
-        self.log.info(
-            "Run %s: %s = %s; champion %s: %s = %s",
-            run_id,
-            self.metric,
-            value,
-            f"v{champion_version}" if champion_version else "none",
-            self.metric,
-            champion_value,
-        )
-        before = {"champion_value_before": champion_value, "champion_version_before": champion_version}
+        champion = self._champion(name)
+        existing_version = str(existing.version) if existing is not None else None
+        decision = self._decide(candidate, champion, existing_version)
+        self._log_figures(run_id, value, champion, comparison)
 
         if existing is None and as_bool(self.register_only_if_better) and not decision.promote:
             self.log.info("Not registering (register_only_if_better and no improvement): %s", decision.reason)
-            return self._result(name, None, run_id, value, before, decision, [], reused=False)
+            return self._result(name, None, candidate, champion, decision, [], reused=False)
 
         if existing is not None:
             version, reused = str(existing.version), True
@@ -195,12 +265,7 @@ class MLflowRegisterOperator(BaseOperator):
         else:
             source, model_id = hook.resolve_model_source(run, artifact_path)
             mv = hook.create_model_version(
-                name,
-                source=source,
-                run_id=run_id,
-                tags=self._version_tags(context, artifact_path),
-                description=self.description,
-                model_id=model_id,
+                name, source=source, run_id=run_id, tags=tags, description=self.description, model_id=model_id
             )
             version, reused = str(mv.version), False
             self.log.info("Registered %s version %s from %s", name, version, source)
@@ -208,10 +273,8 @@ class MLflowRegisterOperator(BaseOperator):
                 hook.link_logged_model(model_id, name, version)
 
         hook.set_alias(name, self.challenger_alias, version)
-        if decision.promote:
-            hook.set_alias(name, self.champion_alias, version)
+        decision, champion, decisions = self._promote(name, version, candidate, champion, decision)
         aliases = hook.aliases_of_version(name, version)
-
         self.log.info(
             "Decision for %s v%s: %s (%s); aliases now %s",
             name,
@@ -221,9 +284,88 @@ class MLflowRegisterOperator(BaseOperator):
             aliases,
         )
         MLflowModelVersionLink.persist(context, hook.model_version_url(name, version))
-        result = self._result(name, version, run_id, value, before, decision, aliases, reused=reused)
+        result = self._result(
+            name, version, candidate, champion, decision, aliases, reused=reused, decisions=decisions
+        )
         self._emit_asset_event(context, name, result)
         return result
+
+    def _decide(self, candidate: Candidate, champion: Champion, version: str | None) -> Decision:
+        """:func:`~emr_ray.promotion.decide` on ``candidate`` (``version`` once registered) and ``champion``."""
+        try:
+            return decide(
+                candidate.value,
+                champion_version=champion.version,
+                champion_value=champion.value,
+                existing_is_champion=version is not None and version == champion.version,
+                direction=self.direction,
+                min_improvement=self.min_improvement,
+                metric=self.metric,
+                champion_alias=self.champion_alias,
+                comparison=candidate.comparison,
+                historical=candidate.historical(champion),
+                promote_historical=as_bool(self.promote_historical),
+            )
+        except NonFiniteMetricError as e:
+            raise MLflowMetricNotFiniteError(f"MLflow run {candidate.run_id!r}: {e}") from e
+
+    def _promote(
+        self, name: str, version: str, candidate: Candidate, champion: Champion, decision: Decision
+    ) -> tuple[Decision, Champion, int]:
+        """
+        Move the champion alias to ``version`` when ``decision`` says so, as a compare-and-set.
+
+        Right before the write the alias is read again: when it moved since ``champion`` was read,
+        the decision is made again against the version that holds it now. After the write it is
+        read back once a concurrent write in flight has landed: when another task moved it in
+        between, the decision is made again against that version (which, if this one is better,
+        moves the alias back). At most :data:`MAX_DECISIONS` decisions; returns the final
+        decision, the champion it was made against and how many decisions were made.
+        """
+        hook, alias = self.hook, self.champion_alias
+        decisions = 1
+        while True:
+            if not decision.promote:
+                return decision, champion, decisions
+            current = hook.get_aliases(name).get(alias)
+            if current == version:
+                return decision, champion, decisions
+            if current == champion.version:
+                hook.set_alias(name, alias, version)
+                time.sleep(ALIAS_SETTLE_SECONDS)
+                current = hook.get_aliases(name).get(alias)
+                if current == version:
+                    return decision, champion, decisions
+                self.log.warning(
+                    "%s moved to v%s right after this task set it to v%s (a concurrent promotion); "
+                    "deciding again against v%s",
+                    alias,
+                    current,
+                    version,
+                    current,
+                )
+            else:
+                self.log.warning(
+                    "%s moved from %s to %s since this task decided; deciding again against it",
+                    alias,
+                    f"v{champion.version}" if champion.version else "none",
+                    f"v{current}" if current else "none",
+                )
+            if decisions >= MAX_DECISIONS:
+                break
+            champion = self._champion(name)
+            decision = self._decide(candidate, champion, version)
+            decisions += 1
+        holder = hook.get_aliases(name).get(alias)
+        return (
+            Decision(
+                False,
+                f"{alias} moved {MAX_DECISIONS} times while this task was deciding (concurrent promotions); "
+                f"it stays v{holder}. Run promotions of one model in a one-slot pool, then rerun this task",
+            ),
+            champion,
+            MAX_DECISIONS,
+        )
 
     # ------------------------------------------------------------------ helpers
     def _rendered(self) -> tuple[str, str, str]:
@@ -256,23 +398,66 @@ class MLflowRegisterOperator(BaseOperator):
                 f"MLflow run {run_id!r} has no metric {self.metric!r} (it logged: {logged}). Log "
                 f"{self.metric!r} in the training job, or set metric= to one the run logged."
             )
-        return run, float(value)
+        try:
+            return run, require_finite(float(value), metric=self.metric, where=f"MLflow run {run_id!r}")
+        except NonFiniteMetricError as e:
+            raise MLflowMetricNotFiniteError(str(e)) from e
 
-    def _champion(self, name: str) -> tuple[str | None, float | None]:
+    def _comparison(self, run: Run, name: str) -> Comparison | None:
+        """The figures the training job scored on the run's own test rows, or None (logged either way)."""
+        tags = run.data.tags
+        comparison = comparison_from_run(tags, run.data.metrics, model_name=name, metric=self.metric)
+        if comparison is None:
+            skipped = tags.get(TAG_COMPARE_SKIPPED)
+            self.log.info(
+                "The training run made no comparison on its test rows (%s); the champion is judged by the "
+                "%s its own run logged",
+                skipped or "TorchTrainOperator(compare_with_model=...) was not set",
+                self.metric,
+            )
+        return comparison
+
+    def _log_figures(
+        self, run_id: str, value: float, champion: Champion, comparison: Comparison | None
+    ) -> None:
+        self.log.info(
+            "Run %s: %s = %s; champion %s: %s = %s (as its own run logged)",
+            run_id,
+            self.metric,
+            value,
+            f"v{champion.version}" if champion.version else "none",
+            self.metric,
+            champion.value,
+        )
+        if comparison is not None and comparison.champion_version:
+            self.log.info(
+                "On the same %s test rows the training scored: challenger %s = %s, champion v%s %s = %s",
+                comparison.rows,
+                self.metric,
+                comparison.challenger_value,
+                comparison.champion_version,
+                self.metric,
+                comparison.champion_value,
+            )
+
+    def _champion(self, name: str) -> Champion:
         """
-        ``(version, value)`` of the current champion: ``(None, None)`` without one; value None when
-        its source run is gone or lacks the metric.
+        The current champion: :class:`Champion` with no version without one; value None when its
+        source run is gone or lacks the metric.
         """
         version = self.hook.get_aliases(name).get(self.champion_alias)
         if version is None:
-            return None, None
-        source_run_id = self.hook.get_model_version(name, version).run_id
-        if not source_run_id:
-            return version, None
+            return Champion()
+        model_version = self.hook.get_model_version(name, version)
+        partition = (model_version.tags or {}).get(TAG_PARTITION)
+        if not model_version.run_id:
+            return Champion(version, None, partition)
         try:
-            return version, self.hook.get_metric_of_run(source_run_id, self.metric)
+            return Champion(
+                version, self.hook.get_metric_of_run(model_version.run_id, self.metric), partition
+            )
         except MLflowRegistryError:
-            return version, None
+            return Champion(version, None, partition)
 
     def _version_tags(self, context: Context, artifact_path: str) -> dict[str, str]:
         """Tags of a new version: the task instance, the partition (``ds``), then ``version_tags``."""
@@ -296,29 +481,39 @@ class MLflowRegisterOperator(BaseOperator):
         self,
         name: str,
         version: str | None,
-        run_id: str,
-        value: float,
-        before: dict[str, Any],
+        candidate: Candidate,
+        champion: Champion,
         decision: Decision,
         aliases: list[str],
         *,
         reused: bool,
+        decisions: int = 1,
     ) -> dict[str, Any]:
         """The task's XCom (keys are part of the operator's interface)."""
+        comparison = candidate.comparison
         return {
             "model_name": name,
             "version": version,
             "model_uri": f"models:/{name}/{version}" if version else None,
-            "run_id": run_id,
+            "run_id": candidate.run_id,
             "metric": self.metric,
-            "value": value,
-            "champion_value_before": before["champion_value_before"],
-            "champion_version_before": before["champion_version_before"],
+            "value": candidate.value,
+            "champion_value_before": champion.value,
+            "champion_version_before": champion.version,
             "promoted": decision.promote,
             "aliases": aliases,
             "reused": reused,
             "reason": decision.reason,
-        }
+            "comparison": None if comparison is None else {
+                "champion_version": comparison.champion_version,
+                "rows": comparison.rows,
+                "challenger_value": comparison.challenger_value,
+                "champion_value": comparison.champion_value,
+            },
+            "same_rows": decision.same_rows,
+            "historical": candidate.historical(champion) is not None,
+            "decisions": decisions,
+        }  # fmt: skip
 
     def _emit_asset_event(self, context: Context, name: str, result: dict[str, Any]) -> None:
         if not self.emit_asset or result["version"] is None:

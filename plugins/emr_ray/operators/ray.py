@@ -9,36 +9,85 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseOperator, conf
 
-from emr_ray.exceptions import RayClusterError, RayJobFailedError
-from emr_ray.hooks.ray import TERMINAL_STATES, RayHook, interpret_job
+from emr_ray.exceptions import (
+    RayAuthError,
+    RayClusterError,
+    RayClusterUnfitError,
+    RayJobFailedError,
+    RayJobInputError,
+    RayJobPendingTimeoutError,
+    RayJobsApiError,
+    RayJobStoppedError,
+    RayJobUnschedulableError,
+    RayMonitorLostError,
+)
+from emr_ray.hooks.ray import RayHook, merge_runtime_env
+from emr_ray.hooks.ray_wait import (
+    FINISH,
+    PENDING_TIMEOUT,
+    REUSABLE_STATES,
+    entrypoint_asks,
+    interpret_job,
+    lost_contact_message,
+    next_step,
+    pending_timeout_event,
+)
 from emr_ray.identity import TaskIdentity
 from emr_ray.links.ray import RayJobLink
+from emr_ray.reuse import DIGEST_KEY, FORCE_ENV, code_version, spec_digest
+from emr_ray.run_request import RunRequest, mapping_of, number_of, parse_memory
 from emr_ray.spec import COS_SECRET_ENV, JobSpec, entrypoint
+from emr_ray.templating import as_bool
 from emr_ray.triggers.ray import RayJobTrigger
 
 _LOG_LINES_PER_POLL = 200
+_STOP_RETRY_SECONDS = 30.0
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
 
 
-class RayConnectOperator(BaseOperator):
-    """Check that the Ray cluster is reachable, recent enough and big enough; push its facts to XCom.
+def _seconds(value: float | timedelta | str | None) -> float | None:
+    """Seconds from a number, a ``timedelta`` or a rendered template; None (or 0) for "no limit"."""
+    if value is None or value == "":
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    return seconds if seconds > 0 else None
 
-    Fails with a message that names the problem and the fix: unreachable address, missing or wrong
-    token, a Ray version below ``min_ray_version``, or fewer CPUs, GPUs, memory or custom
-    resources than required.
+
+class RayConnectOperator(BaseOperator):
+    """Check that the Ray cluster is reachable, recent enough and big enough for this run; push its facts to XCom.
+
+    Fails at once (no retries: a retry cannot grow the cluster) with a message that names the
+    problem and the fix: unreachable address, missing or wrong token, a Ray version below
+    ``min_ray_version``, or fewer resources in total than the run will ask for.
+
+    What the run asks for is described by the same numbers its tasks use: ``workers`` and
+    ``resources_per_worker`` (and ``use_gpu``) of the training task, ``spark_executors``,
+    ``spark_executor_cores`` and ``spark_executor_memory`` of the Spark task, and ``driver_cpus``
+    (their ``entrypoint_num_cpus``). Spark is stopped before training starts, so each resource is
+    checked against the larger of the two phases, not their sum (:class:`RunRequest`). The cluster's
+    total is what counts: resources that other jobs hold now are free again later.
 
     :param ray_conn_id: the ``ray`` connection.
     :param min_ray_version: lowest acceptable Ray version, e.g. ``"2.50"`` (templated).
-    :param required_cpus: CPUs the pipeline needs in total (templated).
+    :param workers: Ray Train workers of the training task, e.g. ``"{{ params.num_workers }}"`` (templated).
+    :param resources_per_worker: per training worker, e.g. ``{"CPU": 1, "GPU": 0}``; default as
+        Ray Train: 1 CPU, or 1 GPU with ``use_gpu`` (templated).
+    :param use_gpu: the training task's ``use_gpu`` (templated).
+    :param spark_executors: Spark executors of the Spark task (templated).
+    :param spark_executor_cores: cores per executor (templated).
+    :param spark_executor_memory: memory per executor, e.g. ``"1g"`` (templated).
+    :param driver_cpus: CPUs reserved for each job's driver (``entrypoint_num_cpus``; templated).
+    :param required_cpus: CPUs the pipeline needs in total, checked besides the computed request (templated).
     :param required_gpus: GPUs the pipeline needs in total (templated).
     :param required_memory_gb: memory the pipeline needs in total, in GiB (templated).
     :param required_resources: custom resources, e.g. ``{"accelerator_type:T4": 1}`` (templated).
@@ -46,6 +95,8 @@ class RayConnectOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "min_ray_version", "required_cpus", "required_gpus", "required_memory_gb", "required_resources",
+        "workers", "resources_per_worker", "use_gpu", "spark_executors", "spark_executor_cores",
+        "spark_executor_memory", "driver_cpus",
     )  # fmt: skip
     ui_color = "#e8f4fd"
 
@@ -54,6 +105,13 @@ class RayConnectOperator(BaseOperator):
         *,
         ray_conn_id: str = RayHook.default_conn_name,
         min_ray_version: str | None = None,
+        workers: int | str = 0,
+        resources_per_worker: dict[str, float] | str | None = None,
+        use_gpu: bool | str = False,
+        spark_executors: int | str = 0,
+        spark_executor_cores: float | str = 1,
+        spark_executor_memory: str | float | None = None,
+        driver_cpus: float | str = 0,
         required_cpus: float | str = 0,
         required_gpus: float | str = 0,
         required_memory_gb: float | str = 0,
@@ -63,6 +121,13 @@ class RayConnectOperator(BaseOperator):
         super().__init__(**kwargs)
         self.ray_conn_id = ray_conn_id
         self.min_ray_version = min_ray_version
+        self.workers = workers
+        self.resources_per_worker = resources_per_worker
+        self.use_gpu = use_gpu
+        self.spark_executors = spark_executors
+        self.spark_executor_cores = spark_executor_cores
+        self.spark_executor_memory = spark_executor_memory
+        self.driver_cpus = driver_cpus
         self.required_cpus = required_cpus
         self.required_gpus = required_gpus
         self.required_memory_gb = required_memory_gb
@@ -72,6 +137,38 @@ class RayConnectOperator(BaseOperator):
     def hook(self) -> RayHook:
         return RayHook(self.ray_conn_id)
 
+    def run_request(self) -> RunRequest:
+        """The rendered arguments as a :class:`RunRequest`."""
+        return RunRequest(
+            workers=int(number_of(self.workers)),
+            resources_per_worker=mapping_of(self.resources_per_worker),
+            use_gpu=as_bool(self.use_gpu),
+            spark_executors=int(number_of(self.spark_executors)),
+            spark_executor_cores=number_of(self.spark_executor_cores, 1.0),
+            spark_executor_memory=parse_memory(self.spark_executor_memory),
+            driver_cpus=number_of(self.driver_cpus),
+        )
+
+    def shortfalls(self, request: RunRequest, total: Mapping[str, float]) -> list[str]:
+        """One line per resource the cluster has too little of in total, saying what asks for it."""
+        required = {"CPU": number_of(self.required_cpus), "GPU": number_of(self.required_gpus),
+                    "memory": number_of(self.required_memory_gb) * 1024**3}  # fmt: skip
+        required.update({k: float(v) for k, v in (mapping_of(self.required_resources) or {}).items()})
+        peak = request.peak()
+        lines = []
+        for resource in sorted({*peak, *required}):
+            have = float(total.get(resource, 0.0))
+            if peak.get(resource, 0.0) > have:
+                lines.append(request.explain(resource, have))
+            elif required.get(resource, 0.0) > have:
+                need, has = (
+                    (f"{required[resource] / 1024**3:g} GiB", f"{have / 1024**3:g} GiB")
+                    if resource == "memory"
+                    else (f"{required[resource]:g}", f"{have:g}")
+                )
+                lines.append(f"{resource}: need {need}, cluster has {has} in total")
+        return lines
+
     def execute(self, context: Any) -> dict[str, Any]:
         version = self.hook.get_version()
         resources = self.hook.get_cluster_resources()
@@ -80,21 +177,19 @@ class RayConnectOperator(BaseOperator):
         self.log.info("Ray %s at %s: %d node(s), resources %s", ray_version, self.hook.dashboard_url,
                       len(resources["nodes"]), total)  # fmt: skip
         if self.min_ray_version and _version_tuple(ray_version) < _version_tuple(str(self.min_ray_version)):
-            raise RayClusterError(
+            raise RayClusterUnfitError(
                 f"Ray cluster at {self.hook.dashboard_url} runs Ray {ray_version}, older than the required "
                 f"{self.min_ray_version}; upgrade the cluster or lower min_ray_version."
             )
-        wanted = {"CPU": float(self.required_cpus or 0), "GPU": float(self.required_gpus or 0),
-                  "memory": float(self.required_memory_gb or 0) * 1024**3}  # fmt: skip
-        wanted.update({k: float(v) for k, v in self.required_resources.items()})
-        short = {k: (v, total.get(k, 0.0)) for k, v in wanted.items() if v and total.get(k, 0.0) < v}
+        request = self.run_request()
+        if request.peak():
+            self.log.info("This run asks for at most %s (training %s, Spark %s)", request.peak(),
+                          request.training(), request.spark())  # fmt: skip
+        short = self.shortfalls(request, total)
         if short:
-            detail = ", ".join(
-                f"{k}: need {need:g}, cluster has {have:g}" for k, (need, have) in short.items()
-            )
-            raise RayClusterError(
-                f"Ray cluster at {self.hook.dashboard_url} lacks required resources ({detail}); "
-                "add nodes or lower the task's requirements."
+            raise RayClusterUnfitError(
+                f"Ray cluster at {self.hook.dashboard_url} is too small for this run; no retry can fix "
+                "that:\n  " + "\n  ".join(short)
             )
         facts = {
             "address": self.hook.dashboard_url,
@@ -104,6 +199,7 @@ class RayConnectOperator(BaseOperator):
             "gpus": total.get("GPU", 0.0),
             "memory_gb": round(total.get("memory", 0.0) / 1024**3, 2),
             "resources": total,
+            "request": request.peak(),
         }
         RayJobLink.persist(context, self.hook.dashboard_url)
         return facts
@@ -112,17 +208,41 @@ class RayConnectOperator(BaseOperator):
 class RayJobOperator(BaseOperator):
     """Run one of the package's cluster-side jobs (``emr_ray.jobs.<name>``) through the Ray Jobs API.
 
-    The submission id is derived from the task instance, so a retried task first looks for the job
-    of an earlier try and reattaches to it while it runs or after it succeeded, instead of submitting
-    a duplicate. The job log streams into the task log; the job's JSON result is the XCom. When the
-    task is killed or times out, the job is stopped.
+    The submission id is derived from the task instance (one per try). The job log streams into the
+    task log; the job's JSON result is the XCom.
+
+    **Reuse.** A retried task first looks for the jobs of its earlier tries and takes over one that
+    is PENDING, RUNNING or SUCCEEDED, but only when it was submitted with the same spec digest
+    (:func:`spec_digest`: the payload, the job module, the runtime_env and the code version). When
+    the inputs or the code changed, it submits a new job (and stops the superseded one if it still
+    runs). ``force_recompute`` skips reuse and tells the job to ignore stored results
+    (``EMR_RAY_FORCE=1`` in its environment). A job that ended FAILED or STOPPED is never resumed.
+
+    **Monitoring.** Jobs API calls that fail transiently (no answer, timeouts, 5xx, 429) are retried
+    with backoff (1 s doubling to 30 s) for ``monitor_retry_seconds``, each retry logged, in both the
+    polling and the deferred path. When that runs out, the task fails and says so; the job is left
+    running, and a retry reattaches to it. The job is stopped only when the task is killed or times
+    out (``execution_timeout``), or when it stays PENDING longer than ``pending_timeout``.
+
+    **Failures.** A job that failed on its input (the job runtime's exit 2: missing or bad data, bad
+    config) or that someone stopped fails the task without retries (``AirflowFailException``);
+    other job failures are retried.
 
     :param job_module: the cluster-side module to run, e.g. ``emr_ray.jobs.train``.
     :param spec: the job's spec (templated).
     :param ray_conn_id: the ``ray`` connection.
     :param runtime_env: merged over the connection's runtime_env (templated).
     :param entrypoint_num_cpus: CPUs reserved for the job's driver (default 0: it mostly waits).
+    :param entrypoint_resources: custom resources the job's driver needs to start.
     :param poll_interval: seconds between status polls.
+    :param pending_timeout: how long the job may stay PENDING (waiting for the driver's resources
+        or its runtime_env) before it is stopped and the task fails, naming what it waits for
+        (seconds or timedelta; default 30 minutes; None: no limit). The whole run is bounded by
+        ``execution_timeout``.
+    :param monitor_retry_seconds: how long to retry Jobs API calls that fail transiently (seconds or
+        timedelta; default 600).
+    :param force_recompute: do not reuse an earlier try's job, and tell the job to ignore stored
+        results (templated: ``"{{ params.force_recompute }}"``).
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``); the job is stopped if ``execution_timeout`` runs out.
     :param cos_conn_id: the ``cos`` connection used when the spec names ``cos://`` URIs; its endpoint
@@ -134,7 +254,7 @@ class RayJobOperator(BaseOperator):
         on a real cluster). Without it, ``hdfs://`` URIs use the NameNode's host on port 9870.
     """
 
-    template_fields: Sequence[str] = ("spec", "runtime_env")
+    template_fields: Sequence[str] = ("spec", "runtime_env", "force_recompute")
     template_fields_renderers = {"spec": "json", "runtime_env": "json"}
     operator_extra_links = (RayJobLink(),)
     job_module = "emr_ray.jobs.echo"
@@ -147,7 +267,11 @@ class RayJobOperator(BaseOperator):
         ray_conn_id: str = RayHook.default_conn_name,
         runtime_env: dict[str, Any] | None = None,
         entrypoint_num_cpus: float | None = None,
+        entrypoint_resources: dict[str, float] | None = None,
         poll_interval: float = 5.0,
+        pending_timeout: float | timedelta | None = timedelta(minutes=30),
+        monitor_retry_seconds: float | timedelta = 600.0,
+        force_recompute: bool | str = False,
         cos_conn_id: str = "cos_default",
         hdfs_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -163,12 +287,21 @@ class RayJobOperator(BaseOperator):
         self.ray_conn_id = ray_conn_id
         self.runtime_env = runtime_env or {}
         self.entrypoint_num_cpus = entrypoint_num_cpus
+        self.entrypoint_resources = entrypoint_resources
         self.poll_interval = poll_interval
+        self.pending_timeout = _seconds(pending_timeout)
+        self.monitor_retry_seconds = _seconds(monitor_retry_seconds) or 0.0
+        self.force_recompute = force_recompute
         self._submission_id: str | None = None
 
     @cached_property
     def hook(self) -> RayHook:
-        return RayHook(self.ray_conn_id)
+        return RayHook(self.ray_conn_id, retry_seconds=self.monitor_retry_seconds)
+
+    @cached_property
+    def _stop_hook(self) -> RayHook:
+        """For stop requests: a kill must not wait out the whole monitoring budget."""
+        return RayHook(self.ray_conn_id, retry_seconds=min(_STOP_RETRY_SECONDS, self.monitor_retry_seconds))
 
     def build_spec(self, context: Any, identity: TaskIdentity) -> JobSpec | dict[str, Any]:
         """The job's spec: subclasses build their typed spec (:mod:`emr_ray.spec`); this base class
@@ -195,7 +328,10 @@ class RayJobOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         identity = TaskIdentity.from_context(context)
-        spec = self.job_payload(context, identity)
+        try:
+            spec = self.job_payload(context, identity)
+        except ValueError as e:  # SpecError, StorageError: the rendered arguments can never run
+            raise RayJobInputError(f"Task {identity.task_id}: {e}") from e
         runtime_env = self.job_runtime_env(context)
         if (spec.get("storage") or {}).get("cos"):
             runtime_env.setdefault("env_vars", {}).update(self._cos_settings()[1])
@@ -210,15 +346,21 @@ class RayJobOperator(BaseOperator):
                     ray_conn_id=self.ray_conn_id,
                     poll_interval=self.poll_interval,
                     deadline=time.time() + timeout if timeout else None,
+                    pending_deadline=time.time() + self.pending_timeout if self.pending_timeout else None,
+                    pending_timeout=self.pending_timeout,
+                    monitor_retry_seconds=self.monitor_retry_seconds,
+                    entrypoint_asks=self._entrypoint_asks(),
                 ),  # fmt: skip
                 method_name="execute_complete",
             )
         try:
             return self._wait(self._submission_id)
-        except RayJobFailedError:
-            raise
-        except BaseException:
-            self.log.warning("Task interrupted; stopping Ray job %s", self._submission_id)
+        except Exception:
+            raise  # a failed job, or lost contact: the job is left as it is
+        except BaseException as e:  # AirflowTaskTimeout, AirflowTaskTerminated, KeyboardInterrupt: a kill
+            self.log.warning(
+                "Task interrupted (%s); stopping Ray job %s", type(e).__name__, self._submission_id
+            )
             self._stop_quietly()
             raise
 
@@ -231,23 +373,52 @@ class RayJobOperator(BaseOperator):
         secrets = {env: getattr(options, key) for key, env in COS_SECRET_ENV.items() if getattr(options, key)}
         return options.public(), secrets
 
+    def spec_digest(self, spec: Mapping[str, Any], runtime_env: Mapping[str, Any]) -> str:
+        """:func:`spec_digest` of this job: the module, the payload and the runtime_env it will get
+        (the connection's merged under the task's)."""
+        merged = merge_runtime_env(self.hook.conn_config["runtime_env"], dict(runtime_env))
+        return spec_digest(self.job_module, spec, merged, code_version())
+
     def _reattach_or_submit(
         self, identity: TaskIdentity, spec: dict[str, Any], runtime_env: dict[str, Any]
     ) -> str:
+        """Take over an earlier try's job with the same spec digest, else submit this try's job."""
+        force = as_bool(self.force_recompute)
+        if force:
+            runtime_env = merge_runtime_env(runtime_env, {"env_vars": {FORCE_ENV: "1"}})
+            self.log.info("force_recompute: no earlier try's job is reused; the job ignores stored results")
+        digest = self.spec_digest(spec, runtime_env)
         for try_number in range(identity.try_number, 0, -1):
             earlier = TaskIdentity(
                 identity.dag_id, identity.run_id, identity.task_id, identity.map_index, try_number
             )
-            job = self.hook.get_job(earlier.submission_id())
-            if job and job["status"] in {"PENDING", "RUNNING", "SUCCEEDED"}:
-                self.log.info("Reattaching to Ray job %s (%s) instead of submitting again",
-                              earlier.submission_id(), job["status"])  # fmt: skip
-                return earlier.submission_id()
-            if job and try_number == identity.try_number:
+            submission_id = earlier.submission_id()
+            job = self.hook.get_job(submission_id)
+            if job is None:
+                continue
+            status = job["status"]
+            same = (job.get("metadata") or {}).get(DIGEST_KEY) == digest
+            if try_number == identity.try_number:
+                if same and status in REUSABLE_STATES:
+                    self.log.info("Reattaching to Ray job %s of this try (%s)", submission_id, status)
+                    return submission_id
                 raise RayClusterError(
-                    f"Ray job {earlier.submission_id()} of this try already ended {job['status']}; "
-                    "clear the task to run it again."
+                    f"Ray job {submission_id} of this try already exists ({status}"
+                    f"{'' if same else ', another spec'}); clear the task to run it again."
                 )
+            if status not in REUSABLE_STATES:
+                continue  # FAILED or STOPPED: final, never resumed
+            if same and not force:
+                self.log.info("Reattaching to Ray job %s of try %d (%s) instead of submitting again: "
+                              "same spec digest %s", submission_id, try_number, status, digest[:12])  # fmt: skip
+                return submission_id
+            why = "force_recompute" if force else f"inputs or code changed since try {try_number}"
+            self.log.info("Not reusing Ray job %s of try %d (%s): %s", submission_id, try_number, status, why)
+            if status != "SUCCEEDED":
+                self.log.warning(
+                    "Stopping superseded Ray job %s: its result would not be used", submission_id
+                )
+                self._stop_quietly(submission_id)
         submission_id = identity.submission_id()
         self.hook.submit_job(
             entrypoint=entrypoint(self.job_module, spec),
@@ -257,38 +428,99 @@ class RayJobOperator(BaseOperator):
                 "airflow_dag_id": identity.dag_id,
                 "airflow_run_id": identity.run_id,
                 "airflow_task_id": identity.task_id,
+                "airflow_try_number": str(identity.try_number),
+                DIGEST_KEY: digest,
             },  # fmt: skip
             entrypoint_num_cpus=self.entrypoint_num_cpus,
+            entrypoint_resources=self.entrypoint_resources,
         )
-        self.log.info("Submitted Ray job %s (%s)", submission_id, self.job_module)
+        self.log.info(
+            "Submitted Ray job %s (%s, spec digest %s)", submission_id, self.job_module, digest[:12]
+        )
         return submission_id
 
     def _wait(self, submission_id: str) -> dict[str, Any]:
         printed = 0
+        pending_deadline = time.time() + self.pending_timeout if self.pending_timeout else None
         while True:
-            job = self.hook.get_job(submission_id)
-            logs = self.hook.get_job_logs(submission_id)
+            try:
+                job = self.hook.get_job(submission_id)
+                logs = self.hook.get_job_logs(submission_id)
+            except RayJobsApiError as e:
+                if not e.transient:
+                    raise
+                url = self.hook.job_url(submission_id)
+                raise RayMonitorLostError(
+                    lost_contact_message(submission_id, url, e, self.monitor_retry_seconds)
+                ) from e
             printed = self._print_new_lines(logs, printed)
-            if job is None or job["status"] in TERMINAL_STATES:
-                break
+            step = next_step(job, time.time(), pending_deadline=pending_deadline)
+            if step == FINISH:
+                return self._finish(interpret_job(submission_id, job, logs))
+            if step == PENDING_TIMEOUT:
+                assert job is not None
+                return self._finish(self._pending_timed_out(submission_id, job))
             time.sleep(self.poll_interval)
-        return self._finish(interpret_job(submission_id, job, logs))
+
+    def _pending_timed_out(self, submission_id: str, job: dict[str, Any]) -> dict[str, Any]:
+        """Stop a job that stayed PENDING too long; the event names what it waits for."""
+        self.log.warning("Ray job %s still PENDING after pending_timeout; stopping it", submission_id)
+        try:
+            resources: dict[str, Any] | None = self.hook.get_cluster_resources()
+        except RayClusterError:
+            resources = None
+        stopped = self._stop_quietly(submission_id)
+        return pending_timeout_event(
+            submission_id, job, resources, self.pending_timeout, stopped, self._entrypoint_asks()
+        )
+
+    def _entrypoint_asks(self) -> dict[str, float]:
+        """What this job's driver is submitted with (the Jobs API does not show it back)."""
+        return entrypoint_asks(
+            {
+                "entrypoint_num_cpus": self.entrypoint_num_cpus,
+                "entrypoint_resources": self.entrypoint_resources,
+            }
+        )
 
     def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
         """Turn the terminal event (from polling or from the trigger) into the XCom, or the failure."""
         submission_id = event["submission_id"]
         self.log.info("Ray job %s ended %s", submission_id, event.get("job_status"))
-        if event["status"] != "success":
-            raise RayJobFailedError(
-                f"Ray job {submission_id} {event.get('message')}\nFull log: {self.hook.job_url(submission_id)}"
+        if event["status"] == "success":
+            return event["result"]
+        reason = event.get("reason")
+        message = (
+            f"Ray job {submission_id} {event.get('message')}\nFull log: {self.hook.job_url(submission_id)}"
+        )
+        if reason == "monitor_lost":
+            raise RayMonitorLostError(event["message"])
+        if reason == "auth":
+            raise RayAuthError(event["message"])
+        if event.get("input_error"):
+            raise RayJobInputError(
+                f"{message}\nThe job failed on its input: the task fails without retries; fix the input "
+                "or the task's arguments, then clear the task."
             )
-        return event["result"]
+        if reason == "stopped":
+            raise RayJobStoppedError(
+                f"{message}\nSomeone stopped the job (dashboard, `ray job stop`): STOPPED is final and the "
+                "task is not retried; clear the task to run it again."
+            )
+        if reason == "pending_timeout":
+            error = RayJobUnschedulableError if event.get("unschedulable") else RayJobPendingTimeoutError
+            raise error(message)
+        raise RayJobFailedError(message)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Resume after deferral: show the job log's tail, then the same reading as the poking path."""
         self._submission_id = event["submission_id"]
-        logs = self.hook.get_job_logs(self._submission_id)
-        self._print_new_lines(logs, max(0, len(logs.splitlines()) - _LOG_LINES_PER_POLL))
+        if event.get("reason") not in ("monitor_lost", "auth"):
+            try:
+                logs = self.hook.get_job_logs(self._submission_id)
+                self._print_new_lines(logs, max(0, len(logs.splitlines()) - _LOG_LINES_PER_POLL))
+            except RayClusterError as e:
+                self.log.warning("Could not fetch the job's log (%s); see the dashboard", e)
         return self._finish(event)
 
     def _print_new_lines(self, logs: str, printed: int) -> int:
@@ -304,13 +536,16 @@ class RayJobOperator(BaseOperator):
                 self.log.info("[ray] %s", line)
         return len(lines)
 
-    def _stop_quietly(self) -> None:
-        if not self._submission_id:
-            return
+    def _stop_quietly(self, submission_id: str | None = None) -> bool:
+        """Ask the cluster to stop the job (this try's by default); True if the stop was accepted."""
+        submission_id = submission_id or self._submission_id
+        if not submission_id:
+            return False
         try:
-            self.hook.stop_job(self._submission_id)
+            return self._stop_hook.stop_job(submission_id)
         except Exception:
-            self.log.exception("Could not stop Ray job %s; stop it from the dashboard", self._submission_id)
+            self.log.exception("Could not stop Ray job %s; stop it from the dashboard", submission_id)
+            return False
 
     def on_kill(self) -> None:
         self._stop_quietly()

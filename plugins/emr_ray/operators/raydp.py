@@ -17,9 +17,12 @@ class RayDPSparkOperator(RayJobOperator):
 
     The job reads ``<input_uri>/dt=<partition>`` (only if committed with ``_SUCCESS``), calls
     ``preprocess(df, config)`` (an import path to a function in ``include/``) and writes each returned
-    DataFrame to ``<output_uri>/dt=<partition>/<name>/`` through a temporary prefix, committed with
-    ``_manifest.json`` and ``_SUCCESS``; a rerun replaces the partition. Spark is always stopped.
-    The XCom: partition, input and output URIs, rows in and rows out per output.
+    DataFrame into a new generation of ``<output_uri>/dt=<partition>``, made current by one atomic
+    commit (:mod:`emr_ray.partitions`): readers see the previous generation or this one, whole, never
+    a mix, even with two writers or a crash. Spark is always stopped.
+    The XCom: partition, input and output URIs, ``generation``, ``outputs`` (each output's URI inside
+    that generation: pass them to the training task so it reads exactly this run's data), rows in and
+    rows out per output, and ``superseded_by`` when another writer committed later.
 
     :param preprocess: import path of the preprocessing function, ``include.preprocessing.tabular:standardize`` (templated).
     :param input_uri: root of the input dataset: ``cos://bucket/raw``, ``hdfs://...``, ``file:///...`` (templated).
@@ -32,6 +35,8 @@ class RayDPSparkOperator(RayJobOperator):
     :param executor_memory: memory per executor, e.g. ``"1g"`` (templated).
     :param spark_configs: extra Spark settings (templated).
     :param placement_group_strategy: RayDP placement strategy (``PACK``, ``SPREAD``...; templated).
+    :param keep_generations: committed generations kept per partition; older ones are removed
+        after each commit (a run still reading one of them needs it kept).
     :param validate_only: a quick dry run: check that the input partition is committed, matches the
         declared schema and count its rows from the Parquet footers; no Spark, nothing written
         (templated: ``"{{ params.dry_run }}"``).
@@ -64,9 +69,11 @@ class RayDPSparkOperator(RayJobOperator):
         spark_configs: dict[str, str] | None = None,
         placement_group_strategy: str | None = None,
         validate_only: bool | str = False,
+        keep_generations: int = 3,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.keep_generations = keep_generations
         self.preprocess = preprocess
         self.input_uri = input_uri
         self.output_uri = output_uri
@@ -91,6 +98,7 @@ class RayDPSparkOperator(RayJobOperator):
             output_uri=storage.join(self.output_uri, f"dt={partition}"),
             config=self.config,
             validate_only=as_bool(self.validate_only),
+            keep_generations=int(self.keep_generations),
             spark=SparkSettings(
                 app_name=self.app_name or f"{identity.dag_id}-{identity.task_id}",
                 num_executors=int(self.num_executors),

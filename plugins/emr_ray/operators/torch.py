@@ -7,7 +7,14 @@ from typing import Any
 
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
-from emr_ray.spec import CheckpointSpec, FailureSpec, MLflowSection, ScalingSpec, TrainJobSpec
+from emr_ray.spec import (
+    CheckpointSpec,
+    CompareSection,
+    FailureSpec,
+    MLflowSection,
+    ScalingSpec,
+    TrainJobSpec,
+)
 from emr_ray.templating import as_bool
 
 
@@ -22,7 +29,14 @@ class TorchTrainOperator(RayJobOperator):
     rerun of a finished training with the same inputs returns its stored result. One MLflow run per
     training task gets the params, per-epoch metrics, a ``loss_curve.png`` and the final model
     (``model``, with signature and input example). The XCom:
-    ``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``, ``best_metrics``, ``epochs_completed``.
+    ``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``, ``best_metrics``, ``epochs_completed``,
+    ``comparison``.
+
+    With ``compare_with_model``, the job then scores ``models:/<compare_with_model>@<compare_alias>``
+    and the new model on the same test rows with the training module's ``evaluate`` (see
+    :mod:`emr_ray.jobs.compare`), logs both figures to the MLflow run (``compare.*``), and returns
+    them as ``comparison``: :class:`~emr_ray.operators.mlflow.MLflowRegisterOperator` promotes on
+    them. A rerun that reuses a finished training scores the champion again if it changed since.
 
     :param train_loop: import path of the per-worker loop, ``include.models.tabular:train_loop`` (templated).
         Its module also provides ``build_model(config)`` (see :class:`emr_ray.train.TrainingModule`).
@@ -39,11 +53,15 @@ class TorchTrainOperator(RayJobOperator):
     :param max_failures: worker-group restarts Ray Train may do from the last checkpoint (FailureConfig).
     :param mlflow_conn_id: the ``mlflow`` connection the job logs to.
     :param experiment_name: MLflow experiment (templated); default the DAG id.
+    :param compare_with_model: registered model whose ``compare_alias`` version is scored against the new
+        model on the same test rows after fit; None (or an empty rendering) compares nothing (templated).
+    :param compare_alias: the alias of ``compare_with_model`` to compare with.
     """
 
     template_fields: Sequence[str] = (
         *RayJobOperator.template_fields, "train_loop", "datasets", "config", "storage_path", "num_workers",
         "use_gpu", "resources_per_worker", "placement_strategy", "experiment_name",
+        "compare_with_model",
     )  # fmt: skip
     template_fields_renderers = {
         **RayJobOperator.template_fields_renderers,
@@ -70,6 +88,8 @@ class TorchTrainOperator(RayJobOperator):
         max_failures: int = 1,
         mlflow_conn_id: str = "mlflow_default",
         experiment_name: str | None = None,
+        compare_with_model: str | None = None,
+        compare_alias: str = "champion",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -90,6 +110,8 @@ class TorchTrainOperator(RayJobOperator):
         self.max_failures = max_failures
         self.mlflow_conn_id = mlflow_conn_id
         self.experiment_name = experiment_name
+        self.compare_with_model = compare_with_model
+        self.compare_alias = compare_alias
 
     def build_spec(self, context: Any, identity: TaskIdentity) -> TrainJobSpec:
         from emr_ray.hooks.mlflow import MLflowHook
@@ -114,7 +136,15 @@ class TorchTrainOperator(RayJobOperator):
                 experiment_name=self.experiment_name or identity.dag_id,
                 tags=identity.tags() | {"partition": str(context.get("ds", ""))},
             ),
+            compare=self._compare_section(),
         )
+
+    def _compare_section(self) -> CompareSection | None:
+        """The spec's ``compare`` part from the rendered ``compare_with_model`` (None when it is empty)."""
+        name = str(self.compare_with_model or "").strip()
+        if name in ("", "None"):
+            return None
+        return CompareSection(model_name=name, alias=self.compare_alias)
 
     def execute(self, context: Any) -> dict[str, Any]:
         result = super().execute(context)
@@ -124,4 +154,17 @@ class TorchTrainOperator(RayJobOperator):
         self.log.info(
             "MLflow run %s, best checkpoint %s", result.get("mlflow_run_id"), result.get("checkpoint_uri")
         )
+        comparison = result.get("comparison")
+        if comparison and comparison.get("skipped"):
+            self.log.warning("No comparison with %s@%s: %s", comparison["model_name"], comparison["alias"],
+                             comparison["skipped"])  # fmt: skip
+        elif comparison and comparison.get("champion_version"):
+            self.log.info(
+                "On the same %s test rows: %s v%s %s; new model %s",
+                comparison["rows"],
+                comparison["alias"],
+                comparison["champion_version"],
+                comparison["champion"],
+                comparison["challenger"],
+            )
         return result

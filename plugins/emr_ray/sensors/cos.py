@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from emr_ray import storage
 from emr_ray.hooks.cos import COSHook
 from emr_ray.hooks.cos_keys import match_keys
 from emr_ray.hooks.cos_unchanged import check_unchanged, with_inactivity_metadata
@@ -159,7 +160,15 @@ class COSSensor(BaseSensorOperator):
             return True
         return bool(self.check_fn(objects, **context))
 
+    def _check_partitions(self) -> None:
+        """A bad ``dt=`` value in a key can never appear: fail at once, without retries."""
+        try:
+            storage.validate_partitions_in(*self._keys)
+        except storage.StorageError as e:
+            raise AirflowFailException(f"{e} (in bucket_key {self._keys})") from e
+
     def poke(self, context: Context) -> PokeReturnValue:
+        self._check_partitions()
         self.log.info("Poking for %s (bucket %s)", self._keys, self.bucket_name or "from connection")
         found, objects = self._match()
         done = self._settled(found, objects) and self._accept(objects, context)
@@ -168,6 +177,7 @@ class COSSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=done, xcom_value=objects if done else None)
 
     def execute(self, context: Context) -> Any:
+        self._check_partitions()
         dag_run = context.get("dag_run")
         run_type = getattr(dag_run, "run_type", "")
         if self.fail_fast_on_backfill and str(getattr(run_type, "value", run_type)) == "backfill":

@@ -128,7 +128,17 @@ def test_service_status_reads_the_sdk_error_behind_a_cos_error():
 
 
 class Flaky:
-    """An SDK call that fails with each of ``errors`` in turn, then answers ``"ok"``."""
+    """An SDK call that fails with each of ``errors`` in turn, then answers ``"ok"``.
+
+    ``call_with_retries`` is a pure loop over the call it is given, so these tests hand it its input:
+    the COS SDK's own exception classes, built as the SDK raises them (``service_error``,
+    ``network_error``). The real transient errors come from the COS SDK talking to the COS stand-in
+    in ``tests/integration/test_cos_hook.py``: ``test_transient_errors_are_retried`` (injected 503
+    SlowDown, then 500 InternalError past the retries), ``test_network_errors_are_retried_then_clear``
+    (a refused port) and ``test_wrong_credentials_are_clear_and_not_retried`` (a 4xx). What only this
+    script gives: a network error that heals on the next try (the stand-in cannot drop then restore a
+    connection) and the exact count of calls.
+    """
 
     def __init__(self, *errors: Exception) -> None:
         self.errors = list(errors)

@@ -1,13 +1,16 @@
-"""The sensor's matcher (``emr_ray.hooks.cos_keys``): patterns, listing prefixes and reported metadata."""
+"""The sensor's matcher (``emr_ray.hooks.cos_keys``): patterns, listing prefixes and reported metadata.
+
+These are pure functions of a pattern, a key or an object's headers. ``match_keys`` itself asks a
+hook to list and HEAD objects, so it is tested against the COS stand-in, with the real hook, in
+``tests/integration/test_cos_sensor.py``.
+"""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
 from emr_ray.exceptions import COSError
-from emr_ray.hooks.cos_keys import compile_pattern, iso_time, literal_prefix, match_keys, object_info
+from emr_ray.hooks.cos_keys import compile_pattern, iso_time, literal_prefix, object_info
 
 
 @pytest.mark.parametrize(
@@ -101,56 +104,3 @@ def test_object_info_from_a_listing_and_unknown_names():
     info = object_info("b-1", "raw/a", ["Size", "LastModified", "x-cos-meta-absent"], listing=listing)
     assert info["Size"] == 5 and info["LastModified"] == "2024-01-01T00:00:10+00:00"
     assert info["x-cos-meta-absent"] is None
-
-
-class FakeHook:
-    """The three hook calls ``match_keys`` makes, over an in-memory bucket."""
-
-    def __init__(self, objects: dict[str, int], bucket: str = "b-1") -> None:
-        self.objects = objects
-        self.bucket = bucket
-        self.heads: list[str] = []
-
-    def resolve(self, key: str, bucket_name: str | None = None) -> tuple[str, str]:
-        if key.startswith("cos://"):
-            bucket, _, key = key[len("cos://") :].partition("/")
-            return bucket, key
-        return bucket_name or self.bucket, key
-
-    def head_object(self, key: str, bucket_name: str | None = None) -> dict[str, str] | None:
-        self.heads.append(key)
-        if key not in self.objects:
-            return None
-        return {
-            "Content-Length": str(self.objects[key]),
-            "ETag": f'"etag-{key}"',
-            "Content-Type": "text/plain",
-        }
-
-    def get_matching_objects(
-        self, bucket: str, pattern: str, *, use_regex: bool = False
-    ) -> list[dict[str, Any]]:
-        matcher = compile_pattern(pattern, use_regex)
-        return [
-            {"Key": key, "Size": size, "ETag": f"etag-{key}", "LastModified": None}
-            for key, size in sorted(self.objects.items())
-            if matcher(key)
-        ]
-
-
-def test_match_keys_needs_every_key():
-    hook = FakeHook({"raw/a": 1, "raw/b": 2})
-    found, objects = match_keys(hook, ["raw/a", "cos://b-1/raw/b"])
-    assert found and [(o["Key"], o["Size"]) for o in objects] == [("raw/a", 1), ("raw/b", 2)]
-    assert match_keys(hook, ["raw/a", "raw/missing"]) == (False, [])
-
-
-def test_match_keys_with_patterns_lists_without_a_head_per_object():
-    hook = FakeHook({"raw/part-0": 1, "raw/part-1": 2, "raw/_SUCCESS": 0})
-    found, objects = match_keys(hook, "raw/part-*", wildcard_match=True, metadata_keys=["Size", "ETag"])
-    assert found and [o["Key"] for o in objects] == ["raw/part-0", "raw/part-1"]
-    assert hook.heads == []  # Size and ETag come from the listing
-    assert match_keys(hook, "raw/dt=*", wildcard_match=True) == (False, [])
-    found, objects = match_keys(hook, r"raw/part-\d", use_regex=True, metadata_keys=["Content-Type"])
-    assert found and hook.heads == ["raw/part-0", "raw/part-1"]  # a header needs a HEAD
-    assert objects[0]["Content-Type"] == "text/plain"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-from unittest import mock
 
 import pytest
 
@@ -55,14 +55,12 @@ def test_check_download(tmp_path):
         check_download(str(path), {"Content-Length": "3", "ETag": '"' + "0" * 32 + '"'}, "cos://b/f")
 
 
-def test_progress_is_logged_every_tenth():
-    log = mock.Mock()
-    progress = ProgressLogger(log, "upload to cos://b/p/")
+def test_progress_is_logged_every_tenth(caplog):
+    caplog.set_level(logging.INFO, logger="tests.cos_transfer.progress")
+    progress = ProgressLogger(logging.getLogger("tests.cos_transfer.progress"), "upload to cos://b/p/")
     for consumed in range(0, 101, 5):
         progress(consumed, 100)
-    logged = [c.args[2] for c in log.info.call_args_list]
-    assert logged == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
-    last = log.info.call_args_list[-1].args
-    assert last == ("%s: %d%% (%d of %d bytes)", "upload to cos://b/p/", 100, 100, 100)
+    assert [r.args[2] for r in caplog.records] == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
+    assert caplog.records[-1].getMessage() == "upload to cos://b/p/: 100% (100 of 100 bytes)"
     progress(1, 0)  # an empty transfer logs nothing
-    assert log.info.call_count == 11
+    assert len(caplog.records) == 11

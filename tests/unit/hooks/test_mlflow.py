@@ -1,17 +1,21 @@
-"""MLflowHook without a store: connection parsing, URLs, job settings, credentials, registry logic.
+"""MLflowHook: connection parsing, URLs, job settings, credentials, and its registry logic on a real store.
 
-Connections come from ``AIRFLOW_CONN_*`` variables only (no metadata DB). The registry tests hand
-the hook a small recording client, to check what the hook adds on top of MLflow: the credentials
-around every call, and the choice of versions and aliases.
+Connections come from ``AIRFLOW_CONN_*`` variables only (no metadata DB). The registry tests run
+against a real MLflow SQLite tracking and registry store in a temporary folder (created once for the
+module), to check what the hook adds on top of MLflow: the credentials around every call, and the
+choice of versions and aliases. Registering and loading real torch models, and the same calls over
+HTTP against an ``mlflow server``, are in ``tests/integration/test_mlflow_hook.py``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -137,135 +141,188 @@ def test_without_credentials_the_environment_is_left_alone(monkeypatch: pytest.M
 
 
 # ---------------------------------------------------------------------- registry
-class RecordingClient:
-    """An in-memory stand-in for the few ``MlflowClient`` calls, recording the token each call saw."""
+@dataclass(frozen=True)
+class Store:
+    """A real SQLite tracking and registry store and the artifact root of its experiments."""
 
-    def __init__(self, versions: list[Any] | None = None, aliases: dict[str, str] | None = None) -> None:
-        self.versions = versions or []
-        self.aliases = dict(aliases or {})
-        self.calls: list[tuple[str, str | None]] = []
-
-    def _seen(self, name: str) -> None:
-        self.calls.append((name, os.environ.get("MLFLOW_TRACKING_TOKEN")))
-
-    def get_registered_model(self, name: str) -> Any:
-        self._seen("get_registered_model")
-        return SimpleNamespace(name=name, aliases=dict(self.aliases))
-
-    def search_model_versions(self, filter_string: str) -> list[Any]:
-        self._seen("search_model_versions")
-        return self.versions
-
-    def set_registered_model_alias(self, name: str, alias: str, version: str) -> None:
-        self._seen("set_registered_model_alias")
-        self.aliases[alias] = version
-
-    def get_model_version(self, name: str, version: str) -> Any:
-        self._seen("get_model_version")
-        return next(v for v in self.versions if v.version == version)
+    uri: str
+    artifacts: str
 
 
-def _version(version: str, **tags: str) -> Any:
-    return SimpleNamespace(version=version, tags=tags, run_id="r1")
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """One SQLite store for this module: MLflow creates its schema once (about 2 s), here."""
+    from mlflow import MlflowClient
+
+    root = tmp_path_factory.mktemp("mlflow_unit")
+    (root / "artifacts").mkdir()
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(uri, registry_uri=uri).search_experiments(max_results=1)
+    return Store(uri=uri, artifacts=(root / "artifacts").as_uri())
 
 
 @pytest.fixture
-def hook_with(monkeypatch: pytest.MonkeyPatch):
-    """A hook with a token on its connection, whose client is the given recording client."""
-    _set_conn(monkeypatch, host="http://127.0.0.1:5999", extra={"token": "tok-123"})
-    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
-
-    def make(client: RecordingClient) -> MLflowHook:
-        hook = MLflowHook()
-        hook.__dict__["client"] = client  # the cached property, filled in advance
-        return hook
-
-    return make
+def registry(store: Store, monkeypatch: pytest.MonkeyPatch) -> MLflowHook:
+    """A hook on ``mlflow_default``, an ``AIRFLOW_CONN_*`` connection to ``store``."""
+    _set_conn(monkeypatch, host=store.uri, extra={"artifact_location": store.artifacts})
+    return MLflowHook()
 
 
-def test_every_registry_call_runs_inside_the_credentials(hook_with) -> None:
-    client = RecordingClient(versions=[_version("1")], aliases={"champion": "1"})
-    hook = hook_with(client)
-    hook.get_aliases("m")
-    hook.find_version_from_run("m", "r1", "model")
-    hook.get_model_version("m", 1)
-    hook.set_alias("m", "challenger", 1)
-    hook.aliases_of_version("m", 1)
-    assert [token for _, token in client.calls] == ["tok-123"] * 5
-    assert os.environ.get("MLFLOW_TRACKING_TOKEN") is None
+def _run_with_model_files(hook: MLflowHook, experiment: str = "unit") -> tuple[str, str]:
+    """A finished run with a one-file model folder ``model/``; returns ``(run_id, source)``.
+
+    A model version needs only a source and a run; no flavor is loaded here, so an ``MLmodel`` file
+    stands for the model (the integration tests register real torch models).
+    """
+    client = hook.client
+    run = client.create_run(hook.get_or_create_experiment(experiment))
+    client.log_text(run.info.run_id, "flavors: {}\n", "model/MLmodel")
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id, f"{run.info.artifact_uri}/model"
 
 
-def test_aliases_are_strings_and_those_of_one_version_come_sorted(hook_with) -> None:
-    hook = hook_with(RecordingClient(aliases={"champion": 2, "challenger": "2", "previous": "1"}))  # type: ignore[dict-item]
-    assert hook.get_aliases("m") == {"champion": "2", "challenger": "2", "previous": "1"}
-    assert hook.aliases_of_version("m", 2) == ["challenger", "champion"]
-    assert hook.aliases_of_version("m", "3") == []
-    hook.set_alias("m", "champion", 3)
-    assert hook.aliases_of_version("m", "3") == ["champion"]
+def _register(hook: MLflowHook, name: str, run_id: str, source: str, **tags: str) -> str:
+    hook.ensure_registered_model(name)
+    return str(hook.create_model_version(name, source=source, run_id=run_id, tags=tags).version)
 
 
-def test_the_earliest_version_from_the_same_run_and_artifact_path_is_reused(hook_with) -> None:
-    versions = [
-        _version("10", artifact_path="model"),
-        _version("4", artifact_path="other"),
-        _version("7", artifact_path="model"),
-        _version("12"),  # registered before the tag existed: counts as any artifact path
+def _found(hook: MLflowHook, name: str, run_id: str, artifact_path: str) -> str | None:
+    """The version ``find_version_from_run`` picks, as a string, or None."""
+    version = hook.find_version_from_run(name, run_id, artifact_path)
+    return None if version is None else str(version.version)
+
+
+def test_aliases_are_strings_and_those_of_one_version_come_sorted(registry: MLflowHook) -> None:
+    run_id, source = _run_with_model_files(registry)
+    name = "aliases_model"
+    for _ in range(3):
+        _register(registry, name, run_id, source)
+    registry.set_alias(name, "champion", 2)
+    registry.set_alias(name, "challenger", "2")
+    registry.set_alias(name, "previous", 1)
+    # MLflow's SQL store answers the versions as ints: the hook gives strings.
+    assert registry.get_aliases(name) == {"champion": "2", "challenger": "2", "previous": "1"}
+    assert registry.aliases_of_version(name, 2) == ["challenger", "champion"]
+    assert registry.aliases_of_version(name, "3") == []
+    registry.set_alias(name, "champion", 3)
+    assert registry.aliases_of_version(name, "3") == ["champion"]
+    assert registry.aliases_of_version(name, 2) == ["challenger"]
+
+
+def test_the_earliest_version_from_the_same_run_and_artifact_path_is_reused(registry: MLflowHook) -> None:
+    name = "reuse_model"
+    run_id, source = _run_with_model_files(registry)
+    assert _found(registry, name, run_id, "model") is None  # no such registered model yet
+    assert _register(registry, name, run_id, source, artifact_path="other") == "1"
+    assert _register(registry, name, run_id, source, artifact_path="model") == "2"
+    assert _register(registry, name, run_id, source, artifact_path="model") == "3"
+    old_run, old_source = _run_with_model_files(registry)
+    assert _register(registry, name, old_run, old_source) == "4"  # registered before the tag existed
+
+    assert _found(registry, name, run_id, "model") == "2"
+    assert _found(registry, name, run_id, "other") == "1"
+    assert _found(registry, name, run_id, "weights") is None
+    # An untagged version counts as registered from any artifact path.
+    assert _found(registry, name, old_run, "model") == _found(registry, name, old_run, "weights") == "4"
+    assert _found(registry, name, "0" * 32, "model") is None
+
+
+def test_a_registered_model_is_created_once_even_when_another_task_wins_the_race(
+    registry: MLflowHook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both hooks talk to the real store; the race is forced by letting the second task create the
+    model right after the first one found it missing, so the first one's create meets MLflow's own
+    ``RESOURCE_ALREADY_EXISTS``."""
+    assert registry.ensure_registered_model("once_model") is True
+    assert registry.ensure_registered_model("once_model") is False
+    assert MLflowHook().ensure_registered_model("once_model") is False  # another task, later
+
+    other = MLflowHook()
+    check = registry.client.get_registered_model
+
+    def check_then_lose_the_race(name: str) -> Any:
+        try:
+            return check(name)
+        finally:
+            assert other.ensure_registered_model(name) is True
+
+    with monkeypatch.context() as patch:
+        patch.setattr(registry.client, "get_registered_model", check_then_lose_the_race)
+        assert registry.ensure_registered_model("raced_model") is False
+    assert [m.name for m in registry.client.search_registered_models("name = 'raced_model'")] == [
+        "raced_model"
     ]
-    hook = hook_with(RecordingClient(versions=versions))
-    found = hook.find_version_from_run("m", "r1", "model")
-    assert found is not None and found.version == "7"
-    assert hook.find_version_from_run("m", "r1", "other").version == "4"
-    assert hook_with(RecordingClient()).find_version_from_run("m", "r1", "model") is None
 
 
-def test_a_registered_model_is_created_once_even_when_another_task_wins_the_race(hook_with) -> None:
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST
-
-    class Registry(RecordingClient):
-        def __init__(self, exists: bool, race: bool) -> None:
-            super().__init__()
-            self.exists, self.race, self.created = exists, race, 0
-
-        def get_registered_model(self, name: str) -> Any:
-            if not self.exists:
-                raise MlflowException("missing", error_code=RESOURCE_DOES_NOT_EXIST)
-            return super().get_registered_model(name)
-
-        def create_registered_model(self, name: str) -> None:
-            if self.race:
-                raise MlflowException("exists", error_code=RESOURCE_ALREADY_EXISTS)
-            self.created += 1
-
-    missing = Registry(exists=False, race=False)
-    assert hook_with(missing).ensure_registered_model("m") is True and missing.created == 1
-    assert hook_with(Registry(exists=True, race=False)).ensure_registered_model("m") is False
-    assert hook_with(Registry(exists=False, race=True)).ensure_registered_model("m") is False
-
-
-def test_a_new_version_is_appended_to_the_logged_models_versions(hook_with) -> None:
+def test_a_new_version_is_appended_to_the_logged_models_versions(registry: MLflowHook) -> None:
+    """A logged model made by ``MlflowClient.create_logged_model`` (no flavor needed); the link of a
+    real ``mlflow.pytorch`` logged model is in ``tests/integration/test_mlflow_hook.py``."""
     from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
-    class Logged(RecordingClient):
-        tags = {MLFLOW_MODEL_VERSIONS: json.dumps([{"name": "m", "version": "1"}])}
-
-        def get_logged_model(self, model_id: str) -> Any:
-            return SimpleNamespace(model_id=model_id, tags=dict(self.tags))
-
-        def set_logged_model_tags(self, model_id: str, tags: dict[str, str]) -> None:
-            self.tags = tags
-
-    client = Logged()
-    assert hook_with(client).link_logged_model("m-1", "m", 2) is True
-    assert json.loads(client.tags[MLFLOW_MODEL_VERSIONS]) == [
-        {"name": "m", "version": "1"},
-        {"name": "m", "version": "2"},
+    name = "linked_model"
+    run_id, _ = _run_with_model_files(registry, "linked")
+    client = registry.client
+    logged = client.create_logged_model(
+        registry.get_or_create_experiment("linked"), name="model", source_run_id=run_id
+    )
+    registry.ensure_registered_model(name)
+    for _ in range(2):
+        mv = registry.create_model_version(
+            name, source=logged.artifact_location, run_id=run_id, model_id=logged.model_id
+        )
+        assert registry.link_logged_model(logged.model_id, name, mv.version) is True
+    assert json.loads(client.get_logged_model(logged.model_id).tags[MLFLOW_MODEL_VERSIONS]) == [
+        {"name": name, "version": "1"},
+        {"name": name, "version": "2"},
     ]
 
 
-def test_linking_a_logged_model_is_cosmetic_and_never_fails_the_task(hook_with) -> None:
-    class Broken(RecordingClient):
-        def get_logged_model(self, model_id: str) -> Any:
-            raise ConnectionError("registry went away")
+def test_linking_a_logged_model_is_cosmetic_and_never_fails_the_task(
+    registry: MLflowHook, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.WARNING)
+    assert registry.link_logged_model("m-" + "0" * 32, "m", "3") is False
+    logs = caplog.text + "".join(capsys.readouterr())
+    assert "Could not link logged model m-00000000000000000000000000000000 to m v3" in logs
 
-    assert hook_with(Broken()).link_logged_model("m-1", "m", "3") is False
+
+def test_every_registry_call_runs_inside_the_credentials(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No hook call leaves the connection's credentials in ``os.environ``; a variable the deployment
+    set is back as it was. A SQLite store reads no credentials, so whether each call *saw* them needs
+    a server that checks auth (issue #13); what ``credentials()`` sets is tested above."""
+    _set_conn(
+        monkeypatch,
+        host=store.uri,
+        login="alice",
+        password="s3cret",
+        extra={"token": "tok-123", "artifact_location": store.artifacts},
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "someone-else")
+    for key in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_INSECURE_TLS"):
+        monkeypatch.delenv(key, raising=False)
+    before = {k: os.environ.get(k) for k in CREDENTIAL_ENV_VARS}
+    hook = MLflowHook()
+    name = "credentials_model"
+    run_id, source = _run_with_model_files(hook, "credentials")
+    calls: list[Callable[[], Any]] = [
+        lambda: hook.get_or_create_experiment("credentials"),
+        lambda: hook.get_metric_of_run(run_id, "test_accuracy"),
+        lambda: hook.resolve_model_source(hook.get_run(run_id), "model"),
+        lambda: hook.ensure_registered_model(name),
+        lambda: hook.create_model_version(
+            name, source=source, run_id=run_id, tags={"artifact_path": "model"}
+        ),
+        lambda: hook.get_model_version(name, 1),
+        lambda: hook.set_alias(name, "champion", 1),
+        lambda: hook.get_aliases(name),
+        lambda: hook.aliases_of_version(name, 1),
+        lambda: hook.get_model_version_by_alias(name, "champion"),
+        lambda: hook.find_version_from_run(name, run_id, "model"),
+        lambda: hook.link_logged_model("m-absent", name, 1),
+    ]
+    for call in calls:
+        call()
+        assert {k: os.environ.get(k) for k in CREDENTIAL_ENV_VARS} == before
+    assert _found(hook, name, run_id, "model") == "1"

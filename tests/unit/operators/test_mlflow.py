@@ -5,21 +5,32 @@ The registration itself runs against real MLflow stores in ``tests/integration/t
 
 from __future__ import annotations
 
-from collections import defaultdict
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from airflow.sdk import Asset
+from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from emr_ray.exceptions import MLflowRegistryError
-from emr_ray.operators.mlflow import MLflowRegisterOperator, mlflow_model_asset
-from emr_ray.promotion import Decision
+from emr_ray.operators.mlflow import Candidate, Champion, MLflowRegisterOperator, mlflow_model_asset
+from emr_ray.promotion import Comparison, Decision
+
+
+class TaskInstanceFields:
+    """Stands in for the task instance in a context: the operator reads only its identity fields
+    here, and the unit layer has no Airflow database for a real one. Real task instances in real DAG
+    runs are in ``tests/integration/test_mlflow_register.py``."""
+
+    def __init__(self, map_index: int) -> None:
+        self.dag_id = "retrain"
+        self.run_id = "manual__1"
+        self.task_id = "register"
+        self.map_index = map_index
 
 
 def _context(map_index: int = -1, ds: str | None = "2026-11-02") -> dict[str, Any]:
-    ti = SimpleNamespace(dag_id="retrain", run_id="manual__1", task_id="register", map_index=map_index)
-    return {"ti": ti, "ds": ds, "outlet_events": defaultdict(SimpleNamespace)}
+    """The context keys the operator reads; ``outlet_events`` is Airflow's own accessor."""
+    return {"ti": TaskInstanceFields(map_index), "ds": ds, "outlet_events": OutletEventAccessors()}
 
 
 def test_bad_arguments_fail_early() -> None:
@@ -87,10 +98,18 @@ def test_callers_version_tags_win_over_the_defaults() -> None:
     assert tags["partition"] == "2026-01-01" and tags["rows"] == "5"
 
 
+def _candidate(value: float, comparison: Comparison | None = None, run_type: str = "manual") -> Candidate:
+    return Candidate("r", value, comparison, partition="2026-11-02", run_type=run_type)
+
+
 def test_the_xcom_result_has_the_documented_keys() -> None:
     op = MLflowRegisterOperator(task_id="register", model_name="m", run_id="r", metric="auc")
-    before = {"champion_value_before": 0.8, "champion_version_before": "1"}
-    result = op._result("m", "2", "r", 0.9, before, Decision(True, "why"), ["champion"], reused=False)
+    champion = Champion("1", 0.8, "2026-11-01")
+    comparison = Comparison("1", 800, 0.91, 0.88)
+    decision = Decision(True, "why", same_rows=True)
+    result = op._result(
+        "m", "2", _candidate(0.9, comparison), champion, decision, ["champion"], reused=False, decisions=2
+    )
     assert result == {
         "model_name": "m",
         "version": "2",
@@ -104,17 +123,29 @@ def test_the_xcom_result_has_the_documented_keys() -> None:
         "aliases": ["champion"],
         "reused": False,
         "reason": "why",
+        "comparison": {
+            "champion_version": "1",
+            "rows": 800,
+            "challenger_value": 0.91,
+            "champion_value": 0.88,
+        },
+        "same_rows": True,
+        "historical": False,
+        "decisions": 2,
     }
-    skipped = op._result("m", None, "r", 0.5, before, Decision(False, "worse"), [], reused=False)
+    skipped = op._result("m", None, _candidate(0.5), champion, Decision(False, "worse"), [], reused=False)
     assert skipped["model_uri"] is None and skipped["version"] is None
+    assert skipped["comparison"] is None and skipped["decisions"] == 1
+    backfill = op._result("m", "3", _candidate(0.5, run_type="backfill"), champion, Decision(False, "x"), [],
+                          reused=False)  # fmt: skip
+    assert backfill["historical"] is True
 
 
 def test_the_asset_event_carries_the_version_and_the_decision() -> None:
     op = MLflowRegisterOperator(task_id="register", model_name="m", run_id="r")
     context = _context()
-    before = {"champion_value_before": None, "champion_version_before": None}
     result = op._result(
-        "m", "1", "r", 0.7, before, Decision(True, "no champion yet"), ["champion"], reused=False
+        "m", "1", _candidate(0.7), Champion(), Decision(True, "no champion yet"), ["champion"], reused=False
     )
     op._emit_asset_event(context, "m", result)  # type: ignore[arg-type]
     assert context["outlet_events"][mlflow_model_asset("m")].extra == {
@@ -130,6 +161,6 @@ def test_the_asset_event_carries_the_version_and_the_decision() -> None:
     }
 
     context = _context()
-    nothing = op._result("m", None, "r", 0.7, before, Decision(False, "worse"), [], reused=False)
+    nothing = op._result("m", None, _candidate(0.7), Champion(), Decision(False, "worse"), [], reused=False)
     op._emit_asset_event(context, "m", nothing)  # type: ignore[arg-type]
-    assert context["outlet_events"] == {}
+    assert list(context["outlet_events"]) == []

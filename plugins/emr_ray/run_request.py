@@ -1,0 +1,147 @@
+"""What one pipeline run asks of the Ray cluster, phase by phase: the arithmetic of the cluster check.
+
+:class:`RunRequest` adds up training (workers x resources per worker) and Spark (executors x cores
+and memory), plus the job drivers, and takes the larger phase per resource, since the Spark job
+stops Spark before training starts. :class:`emr_ray.operators.ray.RayConnectOperator` compares the
+result with the cluster's total and names every shortfall with its fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_MEMORY_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_memory(value: float | str | None) -> float:
+    """Bytes from ``"1g"``, ``"512m"``, ``"2GiB"`` or a number of bytes (RayDP's reading)."""
+    if value is None or value == "":
+        return 0.0
+    if isinstance(value, int | float):
+        return float(value)
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(i?b)?\s*", str(value), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"memory {value!r}: write it like '1g', '512m' or a number of bytes.")
+    return float(match.group(1)) * _MEMORY_UNITS[match.group(2).upper()]
+
+
+def _amount(resource: str, value: float) -> str:
+    if resource == "memory":
+        return f"{value / 1024**3:g} GiB memory"
+    return f"{value:g} {resource}"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What one pipeline run asks of the cluster, phase by phase.
+
+    - Training: ``workers`` x the per-worker resources (Ray Train's rule: ``resources_per_worker``
+      as given, else 1 CPU per worker, or 1 GPU and no CPU with ``use_gpu``; ``use_gpu`` adds 1 GPU
+      to given resources that name none), plus the job driver's ``driver_cpus``.
+    - Spark: ``spark_executors`` x (``spark_executor_cores`` CPUs and ``spark_executor_memory``),
+      plus the job driver's ``driver_cpus``.
+
+    The Spark job stops Spark before the training job starts, so the run needs, for each resource,
+    the larger of the two phases (:meth:`peak`), not their sum.
+    """
+
+    workers: int = 0
+    resources_per_worker: Mapping[str, float] | None = None
+    use_gpu: bool = False
+    spark_executors: int = 0
+    spark_executor_cores: float = 1.0
+    spark_executor_memory: float = 0.0
+    driver_cpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "workers",
+            "spark_executors",
+            "spark_executor_cores",
+            "spark_executor_memory",
+            "driver_cpus",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}: use 0 or more.")
+
+    @property
+    def per_worker(self) -> dict[str, float]:
+        if self.resources_per_worker is None:
+            asks = {"GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
+        else:
+            asks = {k: float(v) for k, v in self.resources_per_worker.items() if float(v) != 0}
+        if self.use_gpu:
+            asks.setdefault("GPU", 1.0)
+        return asks
+
+    def training(self) -> dict[str, float]:
+        if not self.workers:
+            return {}
+        asks = {k: v * self.workers for k, v in self.per_worker.items()}
+        if self.driver_cpus:
+            asks["CPU"] = asks.get("CPU", 0.0) + self.driver_cpus
+        return asks
+
+    def spark(self) -> dict[str, float]:
+        if not self.spark_executors:
+            return {}
+        asks = {"CPU": self.spark_executors * self.spark_executor_cores + self.driver_cpus}
+        if self.spark_executor_memory:
+            asks["memory"] = self.spark_executors * self.spark_executor_memory
+        return asks
+
+    def peak(self) -> dict[str, float]:
+        training, spark = self.training(), self.spark()
+        return {k: max(training.get(k, 0.0), spark.get(k, 0.0)) for k in sorted({*training, *spark})}
+
+    def explain(self, resource: str, have: float) -> str:
+        """Why the run needs more of ``resource`` than the cluster's ``have``, and what to change."""
+        training, spark = self.training().get(resource, 0.0), self.spark().get(resource, 0.0)
+        driver = (
+            f" + {self.driver_cpus:g} for the job driver" if self.driver_cpus and resource == "CPU" else ""
+        )
+        parts = []
+        if training:
+            per = self.per_worker.get(resource, 0.0)
+            parts.append(
+                f"training asks {self.workers} worker(s) x {_amount(resource, per)}{driver} = {_amount(resource, training)}"
+            )
+        if spark:
+            each = self.spark_executor_cores if resource == "CPU" else self.spark_executor_memory
+            unit = "core(s)" if resource == "CPU" else "memory"
+            each_text = f"{each:g} {unit}" if resource == "CPU" else _amount(resource, each)
+            parts.append(
+                f"Spark asks {self.spark_executors} executor(s) x {each_text}{driver} = {_amount(resource, spark)}"
+            )
+        fixes = []
+        if training > have:
+            fixes.append("lower num_workers or resources_per_worker")
+        if spark > have:
+            fixes.append("lower num_executors, executor_cores or executor_memory")
+        if training and spark:
+            parts.append(
+                f"Spark stops before training, so the run needs the larger: {_amount(resource, max(training, spark))}"
+            )
+        return (
+            f"{resource}: " + "; ".join(parts) + f"; the cluster has {_amount(resource, have)} in total: "
+            "add nodes or " + " and ".join(fixes)
+        )
+
+
+def mapping_of(value: Any) -> dict[str, float] | None:
+    """A dict from a dict or a rendered template (``"{'CPU': 1}"``); None for nothing."""
+    if value is None or value == "" or value == "None":
+        return None
+    if isinstance(value, str):
+        value = ast.literal_eval(value)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r}: give a mapping of resource name to amount, e.g. {{'CPU': 1}}.")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def number_of(value: Any, default: float = 0.0) -> float:
+    return default if value is None or value == "" or value == "None" else float(value)

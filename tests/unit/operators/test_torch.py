@@ -1,0 +1,60 @@
+"""TorchTrainOperator's parts that need no cluster: the spec's ``compare`` part from ``compare_with_model``.
+
+Training on the real Ray cluster is in ``tests/integration/test_train_resume.py`` and, with a
+comparison, ``tests/integration/test_promotion_safety.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from emr_ray.operators.torch import TorchTrainOperator
+from emr_ray.spec import CompareSection
+
+
+def make(**kwargs) -> TorchTrainOperator:
+    return TorchTrainOperator(
+        task_id="train",
+        train_loop="include.models.tabular:train_loop",
+        datasets={"train": "file:///s/dt=2026-11-02/train"},
+        storage_path="file:///ck",
+        **kwargs,
+    )
+
+
+def test_compare_with_model_is_templated_and_fills_the_compare_part() -> None:
+    assert "compare_with_model" in TorchTrainOperator.template_fields
+    assert make(compare_with_model=" tabular-mlp ")._compare_section() == CompareSection("tabular-mlp")
+    assert make(compare_with_model="m", compare_alias="prod")._compare_section() == CompareSection(
+        "m", "prod"
+    )
+
+
+@pytest.mark.parametrize("rendered", [None, "", "  ", "None"])
+def test_no_model_to_compare_with_compares_nothing(rendered) -> None:
+    assert make(compare_with_model=rendered)._compare_section() is None
+
+
+def test_a_partition_that_is_not_a_date_fails_the_task_without_retries(monkeypatch, tmp_path):
+    """Rendered arguments that can never run fail before any cluster work, as AirflowFailException."""
+    from airflow.exceptions import AirflowFailException
+
+    from emr_ray.operators.torch import TorchTrainOperator
+
+    class TaskInstance:
+        """Stands in for the Airflow task instance (the unit layer has no metadata database)."""
+
+        dag_id, run_id, task_id, map_index, try_number = "d", "manual__1", "train", -1, 1
+
+    import json
+
+    conn = {"conn_type": "mlflow", "host": f"sqlite:///{tmp_path}/mlflow.db"}
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(conn))
+    op = TorchTrainOperator(
+        task_id="train",
+        train_loop="include.models.tabular:train_loop",
+        datasets={"train": "file:///s/dt=2026-11-02\n/_generations/g1/train"},
+        storage_path="file:///ck",
+    )
+    with pytest.raises(AirflowFailException, match="is not a date like 2026-11-28"):
+        op.execute({"ti": TaskInstance(), "ds": "2026-11-02"})

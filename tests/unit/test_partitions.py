@@ -1,0 +1,109 @@
+"""The generation protocol on the local filesystem: whole or nothing, pinned reads, pruning, old layout.
+
+The same protocol on the COS stand-in and the WebHDFS stand-in, with crashes and two writers at
+once, is in ``tests/integration/test_partition_faults.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from emr_ray import partitions, storage
+
+
+def rows(n: int, start: int = 0) -> pa.Table:
+    return pa.table({"x": list(range(start, start + n))})
+
+
+def read_all(committed: partitions.Committed, output: str) -> list[int]:
+    files = partitions.dataset_files(committed, output)
+    return [v for path, _ in files for v in pq.read_table(path).column("x").to_pylist()]
+
+
+@pytest.fixture
+def partition(tmp_path) -> str:
+    return f"file://{tmp_path}/staging/tabular/dt=2026-11-02"
+
+
+def test_nothing_is_current_until_the_manifest_is_written(partition):
+    generation = partitions.new_generation()
+    folder = storage.split_uri(partitions.output_uri(partition, generation, "train"))[1]
+    os.makedirs(folder)
+    pq.write_table(rows(5), f"{folder}/part-0.parquet")
+    assert partitions.current(partition) is None
+    committed = partitions.commit(partition, generation, {"outputs": {"train": {"rows": 5}}})
+    assert partitions.current(partition) == committed
+    assert read_all(committed, "train") == [0, 1, 2, 3, 4]
+    [entry] = committed.outputs["train"]["files"]
+    assert entry["size"] == os.path.getsize(f"{storage.split_uri(partition)[1]}/{entry['path']}")
+    assert len(entry["sha256"]) == 64
+
+
+def test_a_rerun_makes_a_new_generation_current_and_the_pinned_one_stays_readable(partition):
+    first = partitions.write_tables(partition, {"train": rows(5)}, {})
+    second = partitions.write_tables(partition, {"train": rows(7, 100)}, {})
+    assert partitions.current(partition).generation == second.generation
+    assert read_all(partitions.pinned(partition, first.generation), "train") == list(range(5))
+    assert first.digest() != second.digest()
+
+
+def test_old_generations_are_removed_beyond_keep(partition):
+    made = [partitions.write_tables(partition, {"train": rows(1, i)}, {}, keep=2) for i in range(4)]
+    root = storage.split_uri(partition)[1]
+    assert sorted(os.listdir(f"{root}/_generations")) == sorted(c.generation for c in made[-2:])
+    with pytest.raises(storage.StorageError, match="not committed, or was removed"):
+        partitions.pinned(partition, made[0].generation)
+
+
+def test_an_abandoned_generation_is_cleaned_only_once_it_is_old(partition):
+    root = storage.split_uri(partition)[1]
+    os.makedirs(f"{root}/_generations/g20200101T000000-deadbeef/train")  # a writer that died long ago
+    fresh = partitions.new_generation()
+    os.makedirs(f"{root}/_generations/{fresh}/train")  # a writer still at work
+    committed = partitions.write_tables(partition, {"train": rows(2)}, {})
+    assert sorted(os.listdir(f"{root}/_generations")) == sorted([fresh, committed.generation])
+
+
+def test_a_file_changed_behind_the_manifest_is_refused(partition):
+    committed = partitions.write_tables(partition, {"train": rows(50)}, {})
+    [entry] = committed.outputs["train"]["files"]
+    with open(f"{storage.split_uri(partition)[1]}/{entry['path']}", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(storage.StorageError, match="manifest says .* bytes: the partition was changed"):
+        partitions.dataset_files(committed, "train")
+
+
+def test_an_output_uri_leads_back_to_its_pinned_generation(partition):
+    committed = partitions.write_tables(partition, {"train": rows(3), "test": rows(1)}, {})
+    found, output = partitions.for_output_uri(committed.output_uri("test"))
+    assert (found.generation, output) == (committed.generation, "test")
+    with pytest.raises(storage.StorageError, match="not an output of a committed generation"):
+        partitions.for_output_uri(f"{partition}/test")
+
+
+def test_a_partition_of_the_previous_layout_is_read_then_replaced(partition):
+    root = storage.split_uri(partition)[1]
+    os.makedirs(f"{root}/train")
+    pq.write_table(rows(4), f"{root}/train/part-0.parquet")
+    with open(f"{root}/_manifest.json", "w") as f:
+        json.dump({"outputs": {"train": {"rows": 4}}}, f)
+    open(f"{root}/_SUCCESS", "w").close()
+    os.makedirs(f"{root}/../_tmp_dt=2026-11-02_0123456789ab")  # a temporary its old commit left behind
+    legacy = partitions.current(partition)
+    assert legacy.generation == partitions.LEGACY and read_all(legacy, "train") == [0, 1, 2, 3]
+    partitions.write_tables(partition, {"train": rows(2)}, {})
+    assert sorted(os.listdir(root)) == ["_commits", "_generations"]
+    assert not any(n.startswith("_tmp_") for n in os.listdir(f"{root}/.."))
+
+
+def test_an_empty_output_is_not_committed(partition):
+    generation = partitions.new_generation()
+    os.makedirs(storage.split_uri(partitions.output_uri(partition, generation, "train"))[1])
+    with pytest.raises(storage.StorageError, match="has no data files"):
+        partitions.commit(partition, generation, {"outputs": {"train": {"rows": 0}}})
+    assert partitions.current(partition) is None
