@@ -19,7 +19,7 @@ from emr_ray.params import (
     committed_generation,
     committed_output,
     history_start,
-    partition_param,
+    pipeline_params,
 )
 from emr_ray.sensors.cos import COSSensor
 
@@ -40,20 +40,10 @@ with DAG(
     tags=["emr-ray", "retraining", "images"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
-        "partition": partition_param(),
+        **pipeline_params(),
         "epochs": Param(12, type="integer", minimum=1, maximum=200),
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "num_workers": Param(2, type="integer", minimum=1, maximum=64),
-        "force_recompute": Param(
-            False,
-            type="boolean",
-            description="Recompute every step: reuse no earlier try's job and no stored training result.",
-        ),
-        "promote_historical": Param(
-            False,
-            type="boolean",
-            description="Let a backfill, or a partition older than the champion's, replace the champion.",
-        ),
     },
     doc_md=__doc__,
 ) as dag:

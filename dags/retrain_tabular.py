@@ -23,7 +23,7 @@ from emr_ray.params import (
     committed_generation,
     committed_output,
     history_start,
-    partition_param,
+    pipeline_params,
 )
 from emr_ray.sensors.cos import COSSensor
 
@@ -47,23 +47,13 @@ with DAG(
     # Airflow 3's successor of SLAs: warn (the run goes on) when a run is not done 3 hours after it was queued
     deadline=warn_after(timedelta(hours=3)),
     params={
-        "partition": partition_param(),
+        **pipeline_params(),
         "epochs": Param(5, type="integer", minimum=1, maximum=200),
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "batch_size": Param(256, type="integer", minimum=8),
         "num_workers": Param(2, type="integer", minimum=1, maximum=64),
         "register_only_if_better": Param(
             False, type="boolean", description="Register nothing unless it beats the champion."
-        ),
-        "force_recompute": Param(
-            False,
-            type="boolean",
-            description="Recompute every step: reuse no earlier try's job and no stored training result.",
-        ),
-        "promote_historical": Param(
-            False,
-            type="boolean",
-            description="Let a backfill, or a partition older than the champion's, replace the champion.",
         ),
         "dry_run": Param(
             False, type="boolean", description="Validate the partition and the cluster; train nothing."

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -22,6 +23,15 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
+    """Run until Ctrl-C; a component that cannot start is reported in one line, not a traceback."""
+    try:
+        return run()
+    except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as e:
+        print(f"make airflow: {e} (logs: {PROJECT / '.state' / 'airflow-local'})", file=sys.stderr)
+        return 1
+
+
+def run() -> int:
     root = PROJECT / ".state" / "airflow-local"
     stack = LocalStack(root, PROJECT).start()
     airflow = LocalAirflow(stack, root / "airflow")

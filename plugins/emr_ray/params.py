@@ -70,3 +70,22 @@ def committed_output(task_id: str, output: str) -> str:
 def committed_generation(task_id: str) -> str:
     """A template for the generation task ``task_id`` committed in this run (for model version tags)."""
     return f"{{{{ ti.xcom_pull(task_ids='{task_id}')['generation'] }}}}"
+
+
+def pipeline_params() -> dict[str, Any]:
+    """The Params every retraining DAG shares: which partition, and the two reliability switches."""
+    from airflow.sdk import Param
+
+    return {
+        "partition": partition_param(),
+        "force_recompute": Param(
+            False,
+            type="boolean",
+            description="Recompute every step: reuse no earlier try's job and no stored training result.",
+        ),
+        "promote_historical": Param(
+            False,
+            type="boolean",
+            description="Let a backfill, or a partition older than the champion's, replace the champion.",
+        ),
+    }

@@ -25,6 +25,7 @@ SUPPORTED_SCHEMES = ("file", "cos", "hdfs")
 SUCCESS_MARKER = "_SUCCESS"
 MANIFEST = "_manifest.json"  # of the previous partition layout (read by emr_ray.partitions as "legacy")
 _PARTITION_SEGMENT = re.compile(r"(?:^|/)dt=([^/]*)")
+_PATTERN_CHARS = frozenset("*?[]{}()|+^$\\")
 _PARTITION_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # ASCII digits, matched whole
 #: the NameNode's HTTP port in Hadoop 3 (``dfs.namenode.http-address``)
 DEFAULT_WEBHDFS_PORT = 9870
@@ -111,7 +112,8 @@ def validate_partitions_in(*paths: str) -> None:
     """
     for path in paths:
         for value in _PARTITION_SEGMENT.findall(str(path)):
-            validate_partition(value)
+            if not _PATTERN_CHARS.intersection(value):  # a wildcard or regex matches many partitions
+                validate_partition(value)
 
 
 def split_uri(uri: str) -> tuple[str, str]:

@@ -8,10 +8,15 @@ triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI 
 - a backfill over three historical partitions (``POST /api/v2/backfills``, one run at a time): each
   run preprocesses, trains and registers exactly its own partition (a rerun of a partition the
   session already staged replaces it cleanly); the date with no data fails alone, clearly.
+- a backfill of two more dates, two runs at a time (the ``ray_cluster`` pool widened to 2), raced by
+  a manual run of one of them: every run trains on the generation its own preprocessing committed,
+  which holds exactly the raw partition's rows; the raced date has two whole generations; history
+  leaves ``champion`` where it was.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 import urllib.error
@@ -34,18 +39,29 @@ class Api:
         self.headers = {"Authorization": f"Bearer {airflow.token()}", "Content-Type": "application/json"}
 
     def call(self, method: str, path: str, body: dict | None = None, retries: int = 5) -> dict:
+        """One REST call, retried as a careful client would on SQLite's transient answers.
+
+        SQLite answers 500/503 "database is locked" at times, and a request can wait past the
+        client's timeout for a lock. A POST that timed out may still have been applied: when its
+        retry answers 409 for a run with our own ``dag_run_id``, that run is the answer.
+        """
         data = json.dumps(body).encode() if body is not None else None
+        timed_out = False
         for attempt in range(retries):
             request = urllib.request.Request(self.base + path, data=data, method=method, headers=self.headers)
             try:
-                with urllib.request.urlopen(request, timeout=60) as response:
+                with urllib.request.urlopen(request, timeout=90) as response:
                     return json.loads(response.read() or b"{}")
             except urllib.error.HTTPError as e:
-                if (
-                    e.code not in (500, 503) or attempt == retries - 1
-                ):  # SQLite answers 503 "database is locked" at times
+                if e.code == 409 and timed_out and body and body.get("dag_run_id"):
+                    return self.call("GET", f"{path}/{body['dag_run_id']}")
+                if e.code not in (500, 503) or attempt == retries - 1:
                     raise AssertionError(f"{method} {path}: {e.code} {e.read()[:500]!r}") from e
-                time.sleep(2)
+            except TimeoutError:
+                if attempt == retries - 1:
+                    raise
+                timed_out = True
+            time.sleep(2)
         raise AssertionError("unreachable")
 
 
@@ -156,6 +172,155 @@ def test_backfill_runs_each_partition_once_and_fails_only_the_missing_one(api, s
     assert {states[t] for t in ("check_cluster", "preprocess", "train", "register")} == {"upstream_failed"}
     assert not any(v.tags.get("partition") == BACKFILL[2] for v in versions.values())
     assert partitions.current(storage.partition_uri(stack.staging_uri, "tabular", BACKFILL[2])) is None
+
+
+RACE = ["2026-10-29", "2026-10-30"]  # raw data written by the race test; no other test uses these dates
+RACE_ROWS = 1000
+
+
+def ray_pool(api: Api, slots: int) -> int:
+    """Set the ``ray_cluster`` pool's size; return the size it had."""
+    pool = api.call("GET", "/api/v2/pools/ray_cluster")
+    body = {"pool": pool["name"], "slots": slots, "description": pool["description"],
+            "include_deferred": pool["include_deferred"]}  # fmt: skip
+    assert api.call("PATCH", "/api/v2/pools/ray_cluster", body)["slots"] == slots
+    return pool["slots"]
+
+
+def failed_tasks(api: Api, run_id: str) -> list[str]:
+    """Each failed task of a run with the last lines of its log: what an operator would read."""
+    report = []
+    for ti in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]:
+        if ti["state"] not in ("failed", "up_for_retry"):
+            continue
+        path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{ti['try_number']}"
+        try:
+            content = api.call("GET", f"{path}?full_content=true", retries=1)["content"]
+            lines = [str(e.get("event", e)) if isinstance(e, dict) else str(e) for e in content]
+        except (AssertionError, KeyError, TypeError) as e:
+            lines = [f"(log unreadable: {e})"]
+        report.append(f"{run_id} {ti['task_id']} try {ti['try_number']}: " + " | ".join(lines[-8:]))
+    return report
+
+
+def register_result(api: Api, run_id: str) -> dict:
+    """The register task's XCom (``MLflowRegisterOperator``'s result) of a run."""
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/register/xcomEntries/return_value"
+    value = api.call("GET", path)["value"]
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Whether two runs or task instances (API answers, with start and end dates) ran at the same time."""
+    start_a, end_a, start_b, end_b = (
+        dt.datetime.fromisoformat(x[k])
+        for x, k in ((a, "start_date"), (a, "end_date"), (b, "start_date"), (b, "end_date"))
+    )
+    return start_a < end_b and start_b < end_a
+
+
+@pytest.mark.timeout(1800)  # three pipeline runs, two at a time, on a shared 2-core machine
+def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generation(api, stack):
+    """Issue #12's proof: a backfill of two dates, two runs at a time with the ``ray_cluster`` pool
+    widened to 2, raced by a manual run of one of them. Every run succeeds; every model version names
+    the generation its run committed, which holds exactly the raw partition's rows, split without a
+    row lost or duplicated; the raced date has two whole generations; and this history (a backfill,
+    a date older than the champion's) leaves ``champion`` where it was."""
+    import mlflow
+
+    from emr_ray import partitions, storage
+    from include.data import synthetic
+
+    options = stack.storage_options()
+    synthetic.write_partitions(stack.raw_uri, RACE[0], len(RACE), RACE_ROWS, options)
+    client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
+    champion_before = client.get_model_version_by_alias("tabular-mlp", "champion")
+    assert champion_before.tags["partition"] > RACE[-1], "the race's dates must be older than the champion's"
+    cheap = {"epochs": 1, "num_workers": 1}
+    old_slots = ray_pool(api, 2)
+    try:
+        body = {"dag_id": DAG_ID, "from_date": f"{RACE[0]}T00:00:00Z", "to_date": f"{RACE[-1]}T00:00:00Z",
+                "reprocess_behavior": "completed", "max_active_runs": 2, "dag_run_conf": cheap}  # fmt: skip
+        deadline = time.monotonic() + 180
+        while True:  # the scheduler marks an earlier test's finished backfill complete in its own time
+            try:
+                backfill = api.call("POST", "/api/v2/backfills", body, retries=1)
+                break
+            except AssertionError as e:
+                assert "409" in str(e) and time.monotonic() < deadline, e
+                time.sleep(5)
+        deadline = time.monotonic() + 120
+        while True:
+            runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
+            backfilled = {
+                r["logical_date"][:10]: r["dag_run_id"] for r in runs if r["logical_date"][:10] in RACE
+            }
+            if len(backfilled) == len(RACE):
+                break
+            assert time.monotonic() < deadline, f"backfill {backfill['id']} created {len(backfilled)} runs"
+            time.sleep(3)
+        manual = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
+            "dag_run_id": "race-manual", "logical_date": None, "conf": {"partition": RACE[0], **cheap},
+        })["dag_run_id"]  # fmt: skip
+        finished = wait_for_runs(api, {*backfilled.values(), manual}, timeout=1500)
+    finally:
+        ray_pool(api, old_slots)
+
+    failed = [rid for rid, r in finished.items() if r["state"] != "success"]
+    assert not failed, "\n".join(line for rid in failed for line in failed_tasks(api, rid))
+    raced = finished[backfilled[RACE[0]]]
+    assert overlap(raced, finished[manual]), "the manual run did not race the backfill"
+    ray_tasks = [ti for rid in finished
+                 for ti in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{rid}/taskInstances")["task_instances"]
+                 if ti["pool"] == "ray_cluster" and ti["start_date"] and ti["end_date"]]  # fmt: skip
+    concurrent = any(overlap(a, b) for i, a in enumerate(ray_tasks) for b in ray_tasks[i + 1 :])
+    assert concurrent, "no two Ray tasks ran at once: the pool was not widened"
+
+    date_of = {run_id: date for date, run_id in backfilled.items()} | {manual: RACE[0]}
+    versions = [
+        v
+        for v in client.search_model_versions("name='tabular-mlp'")
+        if v.tags.get("airflow.run_id") in date_of
+    ]
+    assert sorted(v.tags["airflow.run_id"] for v in versions) == sorted(date_of), "one version per run"
+    generations: dict[str, set[str]] = {date: set() for date in RACE}
+    for version in versions:
+        run_id = version.tags["airflow.run_id"]
+        date = date_of[run_id]
+        assert version.tags["partition"] == date
+        staged = storage.partition_uri(stack.staging_uri, "tabular", date)
+        # the generation the version names: still kept (2 commits of a date, keep_generations 3)
+        committed = partitions.pinned(staged, version.tags["generation"])
+        manifest = committed.manifest
+        assert manifest["producer"]["airflow.run_id"] == run_id, "the version names another run's generation"
+        raw = storage.join(stack.raw_uri, f"dt={date}")
+        raw_files = storage.list_parquet_files(raw, options)
+        assert [path for path, _ in manifest["input_files"]] == raw_files
+        assert manifest["rows_in"] == storage.count_parquet_rows(raw_files, raw, options) == RACE_ROWS
+        rows = {}
+        for output in ("train", "test"):  # whole: each listed file there at its committed size and rows
+            files = [path for path, _ in partitions.dataset_files(committed, output)]
+            rows[output] = storage.count_parquet_rows(files, staged)
+            assert rows[output] == manifest["outputs"][output]["rows"] > 0
+        assert rows["train"] + rows["test"] == manifest["rows_in"], "rows lost or duplicated"
+        params = client.get_run(version.run_id).data.params
+        assert params["data.train"] == committed.output_uri("train"), "trained on another generation"
+        assert params["data.test"] == committed.output_uri("test")
+        generations[date].add(committed.generation)
+        # history: registered as challenger; when the figures favour it, the reason says history kept it out
+        result = register_result(api, run_id)
+        assert result["version"] == version.version, result
+        assert result["historical"] and not result["promoted"], result
+        why = "a backfill run" if run_id != manual else f"partition {date} is older than the champion's"
+        comparison = result["comparison"] or {}
+        if (
+            comparison.get("champion_value") is not None
+            and comparison["challenger_value"] > comparison["champion_value"]
+        ):
+            assert f"historical run ({why}" in result["reason"], result["reason"]
+    assert len(generations[RACE[0]]) == 2, "the raced date's two runs shared one generation"
+    champion_after = client.get_model_version_by_alias("tabular-mlp", "champion")
+    assert champion_after.version == champion_before.version, "history replaced the champion"
 
 
 def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):

@@ -105,20 +105,23 @@ def test_connect_operator_fails_when_cluster_falls_short(ray_conn, kwargs, messa
 
 
 def test_a_cluster_too_small_for_the_requested_workers_fails_at_once_naming_what_is_short(ray_conn):
-    """The session's head has 2 CPUs; the run asks for 4 training workers of 1 CPU each."""
+    """The run asks for two more training workers of 1 CPU each than the session's cluster has CPUs
+    (2 on the head, more once the two-node test has added a worker node)."""
+    have = int(RayHook(ray_conn).get_cluster_resources()["total"]["CPU"])
+    workers = have + 2
     op = RayConnectOperator(task_id="check", workers="{{ params.num_workers }}", resources_per_worker={"CPU": 1},
                             spark_executors=1, spark_executor_cores=1, spark_executor_memory="1g")  # fmt: skip
-    op.render_template_fields({"params": {"num_workers": 4}})
+    op.render_template_fields({"params": {"num_workers": workers}})
     started = time.monotonic()
     with pytest.raises(RayClusterUnfitError) as short:
         op.execute({"ti": FakeTaskInstance("check")})
     assert time.monotonic() - started < 10 and isinstance(short.value, AirflowFailException)
     message = str(short.value)
     assert (
-        "CPU: training asks 4 worker(s) x 1 CPU = 4 CPU; Spark asks 1 executor(s) x 1 core(s) = 1 CPU"
+        f"CPU: training asks {workers} worker(s) x 1 CPU = {workers} CPU; Spark asks 1 executor(s) x 1 core(s) = 1 CPU"
         in message
     )
-    assert "the cluster has 2 CPU in total: add nodes or lower num_workers" in message
+    assert f"the cluster has {have} CPU in total: add nodes or lower num_workers" in message
     assert "memory" not in message.split("\n", 1)[1]  # 1 GiB of executor memory fits: only CPU is named
 
 

@@ -72,3 +72,7 @@ def test_every_dt_segment_of_keys_and_uris_is_checked_with_the_same_message():
     )
     with pytest.raises(storage.StorageError, match="'2026-11-02 ' is not a date like 2026-11-28"):
         storage.validate_partitions_in("raw/dt=2026-11-02 /_SUCCESS")
+
+
+def test_a_wildcard_or_regex_partition_is_a_pattern_not_a_bad_date():
+    storage.validate_partitions_in("raw/dt=*/_SUCCESS", r"raw/dt=2026-11-\d\d/_SUCCESS", "raw/dt=2026-11-0?/x")
