@@ -44,7 +44,9 @@ def staged(tmp_path_factory) -> partitions.Committed:
     return partitions.write_tables(final, rows, {"partition": "2026-11-05"})
 
 
-def make_operator(staged: partitions.Committed, checkpoints: Path, **kwargs) -> TorchTrainOperator:
+def make_operator(
+    staged: partitions.Committed, checkpoints: Path, config_overrides: dict | None = None, **kwargs
+) -> TorchTrainOperator:
     from include.data.synthetic import FEATURE_COLUMNS
 
     return TorchTrainOperator(
@@ -57,7 +59,8 @@ def make_operator(staged: partitions.Committed, checkpoints: Path, **kwargs) -> 
             "label_column": "label",
             "epochs": EPOCHS,
             "batch_size": 32,
-        },
+        }
+        | (config_overrides or {}),
         num_workers=2,
         experiment_name="resume-tests",
         poll_interval=0.5,
@@ -137,3 +140,37 @@ def test_a_killed_worker_is_restarted_from_its_checkpoint(ray_conn, mlflow_conn,
     worker.join(timeout=600)
     assert outcome["epochs_completed"] == EPOCHS
     assert outcome["final_metrics"]["start_epoch"] > 0
+
+
+def test_a_cleared_task_after_its_partition_was_recommitted_trains_on_the_new_data(
+    ray_conn, mlflow_conn, staged, tmp_path
+):
+    """Clear-to-rerun never returns a stale model: the first try trained on generation A; the date
+    is then recommitted (generation B, other rows) and the task cleared (a new try, whose rendered
+    datasets point at B, as the DAG's XCom pull does). It must not reattach to A's finished job nor
+    reuse A's stored result: it trains again, on B's rows."""
+    first = FakeTaskInstance("train", try_number=1)
+    context = {"ti": first, "ds": "2026-11-05"}
+    before = make_operator(staged, tmp_path, config_overrides={"epochs": 1}).execute(context)
+    assert before["rows"]["train"] == 10000
+
+    table = staged_table(staged)
+    recommitted = partitions.write_tables(
+        staged.partition_uri, {"train": table.slice(0, 6000), "test": table.slice(10000)}, {}
+    )
+    cleared = FakeTaskInstance("train", try_number=2, run_id=first.run_id)
+    after = make_operator(recommitted, tmp_path, config_overrides={"epochs": 1}).execute(
+        {"ti": cleared, "ds": "2026-11-05"}
+    )
+    assert after["rows"]["train"] == 6000 and not after.get("reused")
+    assert after["mlflow_run_id"] != before["mlflow_run_id"]
+    assert RayHook(ray_conn).get_job(TaskIdentity.from_context({"ti": cleared}).submission_id()) is not None
+
+
+def staged_table(committed: partitions.Committed):
+    """Every row of a committed generation, train then test, as one table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = [p for name in ("train", "test") for p, _ in partitions.dataset_files(committed, name)]
+    return pa.concat_tables([pq.read_table(path) for path in paths])
