@@ -41,6 +41,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -132,6 +133,8 @@ class CosWsgiAdapter:
         self.credentials = credentials if credentials is not None else {}
         #: (status, code) answered to the next requests instead of forwarding them, to test retries
         self.faults: list[tuple[int, str]] = []
+        #: seconds the next requests wait before they are served, to test slow responses
+        self.delays: list[float] = []
         self._faults_lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -157,6 +160,9 @@ class CosWsgiAdapter:
             secret_id = match.group(1) if match else None
         with self._faults_lock:
             fault = self.faults.pop(0) if self.faults else None
+            delay = self.delays.pop(0) if self.delays else 0.0
+        if delay:
+            time.sleep(delay)
         if fault is not None:
             status, code = fault
             return self._error(start_response, is_cos, status, code, "Injected fault.", resource)
@@ -447,11 +453,20 @@ class CosStandIn:
         with app._faults_lock:
             app.faults.extend([(status, code)] * count)
 
+    def inject_delays(self, count: int, seconds: float) -> None:
+        """Serve the next ``count`` requests ``seconds`` late (a slow, overloaded COS)."""
+        if self._server is None:
+            raise RuntimeError("CosStandIn.inject_delays() needs start() first")
+        app: CosWsgiAdapter = self._server.app
+        with app._faults_lock:
+            app.delays.extend([seconds] * count)
+
     def clear_faults(self) -> None:
-        """Forget faults not yet served."""
+        """Forget faults and delays not yet served."""
         if self._server is not None:
             with self._server.app._faults_lock:
                 self._server.app.faults.clear()
+                self._server.app.delays.clear()
 
     def register_credentials(self, secret_id: str, secret_key: str) -> None:
         """Verify COS signatures by ``secret_id``: a wrong SecretKey gets 403 ``SignatureDoesNotMatch``."""

@@ -199,3 +199,16 @@ def test_cos_throttling_during_the_commit_is_retried_and_the_data_is_whole(cos_s
         cos_server.clear_faults()
     assert partitions.current(uri, options).generation == committed.generation
     assert assert_whole(committed, options) == 5
+
+
+def test_slow_cos_responses_during_the_commit_still_commit_whole(cos_server):
+    options = storage.StorageOptions(endpoint_override=cos_server.endpoint, scheme="http", region=REGION,
+                                     access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
+    uri = f"cos://{BUCKET}/slow-{uuid.uuid4().hex[:8]}/staged/dt=2026-11-22"
+    cos_server.inject_delays(6, 1.5)
+    try:
+        committed = partitions.write_tables(uri, tables(6, 100), {}, options)
+    finally:
+        cos_server.clear_faults()
+    assert partitions.current(uri, options).generation == committed.generation
+    assert assert_whole(committed, options) == 6

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from emr_ray import partitions
+from emr_ray import partitions, storage
 from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.torch import TorchTrainOperator
@@ -61,10 +63,9 @@ def make_operator(
             "batch_size": 32,
         }
         | (config_overrides or {}),
-        num_workers=2,
         experiment_name="resume-tests",
         poll_interval=0.5,
-        **kwargs,
+        **({"num_workers": 2} | kwargs),
     )
 
 
@@ -174,3 +175,34 @@ def staged_table(committed: partitions.Committed):
 
     paths = [p for name in ("train", "test") for p, _ in partitions.dataset_files(committed, name)]
     return pa.concat_tables([pq.read_table(path) for path in paths])
+
+
+def test_cos_throttling_and_slow_answers_during_checkpoint_writes_do_not_break_training(
+    ray_conn, mlflow_conn, cos_server, cos_conn, staged
+):
+    """Checkpoints to COS (the stand-in) while it answers 503 SlowDown and serves late: Ray Train's
+    uploads go through the provider's pyarrow filesystem, which retries; the run completes and its
+    best checkpoint is whole."""
+    from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
+
+    storage_root = f"cos://{BUCKET}/ckpt-{uuid.uuid4().hex[:8]}"
+    op = make_operator(staged, Path("/unused"), config_overrides={"epochs": 2}, num_workers=1)
+    op.storage_path = storage_root
+    ti = FakeTaskInstance("train")
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(op.execute({"ti": ti, "ds": "2026-11-05"})))
+    worker.start()
+    for _ in range(20):  # throttle and slow down COS in bursts while the job runs and checkpoints
+        cos_server.inject_faults(3, status=503, code="SlowDown")
+        cos_server.inject_delays(2, 1.0)
+        time.sleep(2)
+        if not worker.is_alive():
+            break
+    cos_server.clear_faults()
+    worker.join(timeout=600)
+    assert outcome.get("epochs_completed") == 2, outcome
+    options = storage.StorageOptions(endpoint_override=cos_server.endpoint, scheme="http", region=REGION,
+                                     access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
+    fsys, path = storage.resolve(outcome["checkpoint_uri"], options)
+    with fsys.open_input_stream(f"{path}/state.pt") as f:
+        assert len(f.read()) > 1000  # the weights, uploaded whole
