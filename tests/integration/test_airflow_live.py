@@ -68,28 +68,30 @@ class Api:
 @pytest.fixture(scope="module")
 def api(stack, tabular_good_run, tmp_path_factory):
     airflow = LocalAirflow(stack, tmp_path_factory.mktemp("airflow-live") / "home", port=8080).start()
-    client = Api(airflow)
-    deadline = time.monotonic() + 180
-    while True:  # the DAG processor has to parse the DAG file before the API knows it
-        try:
-            client.call("GET", f"/api/v2/dags/{DAG_ID}", retries=1)
-            break
-        except AssertionError:
-            assert time.monotonic() < deadline, "the DAG processor never parsed retrain_tabular"
-            time.sleep(3)
-    client.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-    # Unpausing creates the latest scheduled run, whose partition has no data here: fail it so it
-    # does not hold the one active-run slot while its sensor waits for hours.
-    deadline = time.monotonic() + 120
-    while not (
-        scheduled := client.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]
-    ):
-        assert time.monotonic() < deadline, "unpausing created no scheduled run"
-        time.sleep(2)
-    for run in scheduled:
-        client.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
-    yield client
-    airflow.stop()
+    try:  # stopped even when the setup below fails: no Airflow left running after the session
+        client = Api(airflow)
+        deadline = time.monotonic() + 180
+        while True:  # the DAG processor has to parse the DAG file before the API knows it
+            try:
+                client.call("GET", f"/api/v2/dags/{DAG_ID}", retries=1)
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, "the DAG processor never parsed retrain_tabular"
+                time.sleep(3)
+        client.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+        # Unpausing creates the latest scheduled run, whose partition has no data here: fail it so it
+        # does not hold the one active-run slot while its sensor waits for hours.
+        deadline = time.monotonic() + 120
+        while not (
+            scheduled := client.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]
+        ):
+            assert time.monotonic() < deadline, "unpausing created no scheduled run"
+            time.sleep(2)
+        for run in scheduled:
+            client.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
+        yield client
+    finally:
+        airflow.stop()
 
 
 def wait_for_runs(api: Api, run_ids: set[str], timeout: float = 1200) -> dict[str, dict]:
@@ -309,7 +311,7 @@ def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generat
         generations[date].add(committed.generation)
         # history: registered as challenger; when the figures favour it, the reason says history kept it out
         result = register_result(api, run_id)
-        assert result["version"] == version.version, result
+        assert result["version"] == str(version.version), result
         assert result["historical"] and not result["promoted"], result
         why = "a backfill run" if run_id != manual else f"partition {date} is older than the champion's"
         comparison = result["comparison"] or {}
