@@ -75,4 +75,6 @@ def test_every_dt_segment_of_keys_and_uris_is_checked_with_the_same_message():
 
 
 def test_a_wildcard_or_regex_partition_is_a_pattern_not_a_bad_date():
-    storage.validate_partitions_in("raw/dt=*/_SUCCESS", r"raw/dt=2026-11-\d\d/_SUCCESS", "raw/dt=2026-11-0?/x")
+    storage.validate_partitions_in(
+        "raw/dt=*/_SUCCESS", r"raw/dt=2026-11-\d\d/_SUCCESS", "raw/dt=2026-11-0?/x"
+    )
