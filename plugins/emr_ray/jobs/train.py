@@ -65,12 +65,24 @@ class RunState:
 
 
 # -- step 1: plan -----------------------------------------------------------------------------------
-def plan_datasets(spec: TrainJobSpec, options: storage.StorageOptions) -> dict[str, Any]:
+Inputs = dict[str, tuple[partitions.Committed, str]]
+
+
+def resolve_inputs(spec: TrainJobSpec, options: storage.StorageOptions) -> Inputs:
+    """Each dataset's committed generation and output name, read once (the fingerprint and the plan
+    both use them)."""
+    return {name: partitions.for_output_uri(uri, options) for name, uri in spec.datasets.items()}
+
+
+def plan_datasets(
+    spec: TrainJobSpec, options: storage.StorageOptions, inputs: Inputs | None = None
+) -> dict[str, Any]:
     """The shard plan for the workers: exactly the files each dataset's committed manifest lists
     (sizes checked), with their row counts from the Parquet footers."""
+    inputs = inputs or resolve_inputs(spec, options)
     datasets = {}
     for name, uri in spec.datasets.items():
-        committed, output = partitions.for_output_uri(uri, options)
+        committed, output = inputs[name]
         files = [path for path, _ in partitions.dataset_files(committed, output, options)]
         if not files:
             raise JobInputError(
@@ -95,14 +107,16 @@ def planned_rows(plan: dict[str, Any], spec: TrainJobSpec) -> dict[str, int]:
 
 
 # -- step 2: resume state ---------------------------------------------------------------------------
-def input_manifests(spec: TrainJobSpec, options: storage.StorageOptions) -> dict[str, Any]:
+def input_manifests(
+    spec: TrainJobSpec, options: storage.StorageOptions, inputs: Inputs | None = None
+) -> dict[str, Any]:
     """Each input's generation and the digest of its files' checksums (part of the fingerprint):
     other data, even with the same row counts, is another training."""
-    manifests = {}
-    for name, uri in spec.datasets.items():
-        committed, _ = partitions.for_output_uri(uri, options)
-        manifests[name] = {"generation": committed.generation, "digest": committed.digest()}
-    return manifests
+    inputs = inputs or resolve_inputs(spec, options)
+    return {
+        name: {"generation": committed.generation, "digest": committed.digest()}
+        for name, (committed, _) in inputs.items()
+    }
 
 
 def resume_state(
@@ -230,7 +244,8 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     options = spec.storage.options()
     import_by_path(spec.train_loop)
     import_by_path(f"{spec.model_module}:build_model")  # fail before training, not after it
-    print_key = fingerprint(spec, input_manifests(spec, options))
+    inputs = resolve_inputs(spec, options)
+    print_key = fingerprint(spec, input_manifests(spec, options, inputs))
     run_state = RunState(*storage.resolve(storage.join(spec.storage_path, spec.run_name), options))
     state = resume_state(spec, run_state, print_key, force=os.environ.get(FORCE_ENV) == "1")
     if state.get("result"):
@@ -239,7 +254,7 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
         )
         stored = state["result"]
         # the champion may have changed since: compare again without training again (jobs/compare.py)
-        comparison = comparing.refresh(spec, stored, lambda: plan_datasets(spec, options), options)
+        comparison = comparing.refresh(spec, stored, lambda: plan_datasets(spec, options, inputs), options)
         return stored | {"reused": True, "comparison": comparison}
 
     # Ray Train's controller polls its workers every 2 s by default: each epoch's report, and the end
@@ -248,7 +263,7 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     ray.init(address="auto", logging_level=logging.WARNING)
     started = time.monotonic()
-    plan = plan_datasets(spec, options)
+    plan = plan_datasets(spec, options, inputs)
     rows = planned_rows(plan, spec)
     log.info("Planned per-worker shards of %s rows in %.1fs", rows, time.monotonic() - started)
 

@@ -315,7 +315,7 @@ class RayJobOperator(BaseOperator):
         spec["identity"] = identity.tags()
         text = json.dumps(spec)
         if "cos://" in text:
-            spec.setdefault("storage", {})["cos"] = self._cos_settings()[0]
+            spec.setdefault("storage", {})["cos"] = self._cos_settings[0]
         if "hdfs://" in text:
             from emr_ray.hooks.hdfs import WebHdfsSettingsHook
 
@@ -334,7 +334,7 @@ class RayJobOperator(BaseOperator):
             raise RayJobInputError(f"Task {identity.task_id}: {e}") from e
         runtime_env = self.job_runtime_env(context)
         if (spec.get("storage") or {}).get("cos"):
-            runtime_env.setdefault("env_vars", {}).update(self._cos_settings()[1])
+            runtime_env.setdefault("env_vars", {}).update(self._cos_settings[1])
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
         self.log.info("Ray job %s: %s", self._submission_id, self.hook.job_url(self._submission_id))
@@ -364,8 +364,10 @@ class RayJobOperator(BaseOperator):
             self._stop_quietly()
             raise
 
+    @cached_property
     def _cos_settings(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """The COS connection split into the spec's public part and the job's secret env vars."""
+        """The COS connection split into the spec's public part and the job's secret env vars (read
+        once: the spec and the job's environment both need it)."""
         from emr_ray.hooks.cos import COSHook
         from emr_ray.storage import StorageOptions
 
