@@ -200,6 +200,149 @@ def stop_head(state_dir: str | os.PathLike) -> None:
     (ray_temp_dir(state) / "ray_current_cluster").unlink(missing_ok=True)
 
 
+# -- a second cluster that lacks the project ------------------------------------------------------
+#: ports of the isolated cluster: none of Ray's defaults (6379, 8265, 10001, 52365, workers
+#: 10002-19999), so it runs beside the shared test head in one network namespace
+ISOLATED_PORTS = {
+    "head": {
+        "port": 26379, "dashboard-port": 28265, "ray-client-server-port": 20001,
+        "node-manager-port": 20010, "object-manager-port": 20011, "metrics-export-port": 20012,
+        "dashboard-agent-listen-port": 20013, "dashboard-agent-grpc-port": 20014,
+        "runtime-env-agent-port": 20015, "min-worker-port": 21000, "max-worker-port": 21999,
+    },
+    "worker": {
+        "node-manager-port": 20020, "object-manager-port": 20021, "metrics-export-port": 20022,
+        "dashboard-agent-listen-port": 20023, "dashboard-agent-grpc-port": 20024,
+        "runtime-env-agent-port": 20025, "min-worker-port": 22000, "max-worker-port": 22999,
+    },
+}  # fmt: skip
+#: set in every process of an isolated cluster (inherited by Ray's workers and RayDP's JVMs): how
+#: :func:`stop_isolated_cluster` finds exactly that cluster's processes
+CLUSTER_MARKER_ENV = "EMR_RAY_ISOLATED_CLUSTER"
+
+
+def isolated_python(state_dir: str | os.PathLike) -> Path:
+    """A Python that has this venv's packages (Ray, RayDP, torch, MLflow...) but not the project.
+
+    A ``venv --without-pip`` under ``state_dir`` whose ``PYTHONPATH`` (:func:`isolated_env`) is this
+    venv's site-packages: ``.pth`` files there are not processed, so the editable install of
+    ``emr_ray`` is invisible, and ``include/`` is not on any path: as on an EMR cluster that has the
+    libraries but none of our code.
+    """
+    venv = Path(state_dir).resolve() / "venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return python
+
+
+def isolated_env(state_dir: str | os.PathLike) -> dict[str, str]:
+    """The environment of every process of the isolated cluster (see :func:`isolated_python`)."""
+    import sysconfig
+
+    state = Path(state_dir).resolve()
+    python = isolated_python(state)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RAY_ADDRESS")}
+    env |= cluster_env(state) | {
+        "PYTHONPATH": sysconfig.get_paths()["purelib"],
+        "PYTHONNOUSERSITE": "1",
+        "PATH": str(python.parent)
+        + os.pathsep
+        + os.environ.get("PATH", "").replace(str(Path(sys.executable).parent) + os.pathsep, ""),
+        "PYSPARK_PYTHON": str(python),
+        "PYSPARK_DRIVER_PYTHON": str(python),
+        CLUSTER_MARKER_ENV: str(state),
+    }
+    return env
+
+
+def _ray_start(state: Path, args: list[str]) -> None:
+    python = isolated_python(state)
+    cmd = [str(python), "-m", "ray.scripts.scripts", "start", *args]
+    subprocess.run(cmd, env=isolated_env(state), cwd=state, check=True, stdout=subprocess.DEVNULL)
+
+
+def _alive_nodes(url: str, token: str) -> int:
+    import json
+
+    request = urllib.request.Request(
+        f"{url}/nodes?view=summary", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        summary = json.load(response)["data"]["summary"]
+    return sum(1 for node in summary if node.get("raylet", {}).get("state") == "ALIVE")
+
+
+def start_isolated_cluster(
+    state_dir: str | os.PathLike,
+    *,
+    num_cpus: int = 2,
+    worker_cpus: int = 1,
+    object_store_memory: int = 500_000_000,
+    timeout: float = 120.0,
+) -> LocalRay:
+    """A head and one worker node whose Python cannot import ``emr_ray`` or ``include``
+    (:func:`isolated_python`), on :data:`ISOLATED_PORTS`, started from ``state_dir`` (so no job's
+    current directory holds the project either). Jobs must ship the code
+    (:mod:`emr_ray.hooks.ray_packages`). Stop it with :func:`stop_isolated_cluster`."""
+    state = Path(state_dir).resolve()
+    (state / "home").mkdir(parents=True, exist_ok=True)
+    token = _token(state)
+    head, worker = ISOLATED_PORTS["head"], ISOLATED_PORTS["worker"]
+    url = f"http://{LOOPBACK}:{head['dashboard-port']}"
+    gcs = f"{LOOPBACK}:{head['port']}"
+    temp = ray_temp_dir(state)
+    common = [f"--node-ip-address={LOOPBACK}", f"--temp-dir={temp}", "--disable-usage-stats",
+              f"--object-store-memory={object_store_memory}"]  # fmt: skip
+    _ray_start(
+        state,
+        ["--head", "--include-dashboard=true", f"--dashboard-host={LOOPBACK}", f"--num-cpus={num_cpus}",
+         "--num-gpus=0", *common, *(f"--{k}={v}" for k, v in head.items())],
+    )  # fmt: skip
+    _wait_for_dashboard(url, token, timeout)
+    _ray_start(
+        state,
+        [f"--address={gcs}", f"--num-cpus={worker_cpus}", "--num-gpus=0", *common,
+         *(f"--{k}={v}" for k, v in worker.items())],
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while _alive_nodes(url, token) < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the isolated cluster's worker node never joined the head at {gcs}")
+        time.sleep(1)
+    return LocalRay(url, token, state, gcs)
+
+
+def _isolated_processes(state: Path) -> list[int]:
+    marker = f"{CLUSTER_MARKER_ENV}={state}".encode()
+    ancestors = {os.getpid(), os.getppid()}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in ancestors:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_isolated_cluster(state_dir: str | os.PathLike) -> None:
+    """Stop exactly the isolated cluster of ``state_dir``: the processes whose environment carries
+    its marker (:data:`CLUSTER_MARKER_ENV`). Other Ray clusters, in this namespace or not, keep running."""
+    state = Path(state_dir).resolve()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _isolated_processes(state):
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 5
+        while _isolated_processes(state) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    (ray_temp_dir(state) / "ray_current_cluster").unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("action", choices=["start", "stop"])

@@ -2,13 +2,22 @@
 Airflow home, all on 127.0.0.1 and all under one state folder.
 
 ``LocalStack.start()`` brings the services up; ``airflow_env()`` is the environment (connections as
-``AIRFLOW_CONN_*``, storage roots as ``AIRFLOW_VAR_*``) under which the DAGs run unchanged.
+``AIRFLOW_CONN_*``, storage roots as ``AIRFLOW_VAR_*``) under which the DAGs run unchanged. With
+``mlflow_ui_port`` it also serves the MLflow UI (``mlflow server`` over the same SQLite store and
+artifact folder) and gives the ``mlflow_default`` connection its ``ui_url``, so tasks store links
+to their run and model version pages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +31,10 @@ class LocalStack:
     """One isolated local environment: ``rm -rf root`` resets everything.
 
     Pass an already running ``cos`` stand-in or ``ray`` head to share them (the tests do).
+
+    :param dashboard_port: the Ray dashboard's (and Jobs API's) port on 127.0.0.1, when this stack
+        starts the head.
+    :param mlflow_ui_port: serve the MLflow UI on 127.0.0.1 at this port (None: no UI, no links).
     """
 
     root: Path
@@ -29,8 +42,11 @@ class LocalStack:
     num_cpus: int = 2
     cos: Any = None
     ray: LocalRay | None = None
+    dashboard_port: int = 8265
+    mlflow_ui_port: int | None = None
     _owns_ray: bool = field(default=False, repr=False)
     _owns_cos: bool = field(default=False, repr=False)
+    _mlflow_ui: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self) -> LocalStack:
         from devstack.cos_server import CosStandIn
@@ -44,12 +60,60 @@ class LocalStack:
         self.cos.create_bucket(BUCKET)
         self.cos.register_credentials(SECRET_ID, SECRET_KEY)
         if self.ray is None:
-            self.ray = start_head(self.root / "ray", num_cpus=self.num_cpus)
+            self.ray = start_head(
+                self.root / "ray", num_cpus=self.num_cpus, dashboard_port=self.dashboard_port
+            )
             self._owns_ray = True
+        if self.mlflow_ui_port is not None and self._mlflow_ui is None:
+            self._mlflow_ui = self._start_mlflow_ui(self.mlflow_ui_port)
         return self
+
+    def _start_mlflow_ui(self, port: int, timeout: float = 120) -> subprocess.Popen:
+        """``mlflow server`` on 127.0.0.1:``port`` over this stack's tracking store: the UI the links open.
+
+        Runs read the artifacts straight from ``artifact_root`` (the jobs write there), so the server
+        serves no artifacts of its own; its job runner is off (nothing here submits server jobs).
+        """
+        url = f"http://127.0.0.1:{port}"
+        log = self.root / "mlflow" / "server.log"
+        env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+        env |= {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", "1", "--backend-store-uri", self.tracking_uri,
+                "--default-artifact-root", self.artifact_root, "--no-serve-artifacts"]  # fmt: skip
+        with log.open("ab") as out:
+            process = subprocess.Popen(argv, cwd=self.root / "mlflow", env=env, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return process
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                self._stop_group(process)
+                raise RuntimeError(f"the MLflow UI did not start on {url}; see {log}")
+            time.sleep(0.5)
+
+    @staticmethod
+    def _stop_group(process: subprocess.Popen) -> None:
+        """SIGTERM the process group of ``process`` (uvicorn and its worker), SIGKILL what is left."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+            try:
+                process.wait(timeout=10)
+                return
+            except subprocess.TimeoutExpired:
+                continue
 
     def stop(self) -> None:
         """Stop what ``start()`` started (services passed in by the caller stay up)."""
+        if self._mlflow_ui is not None:
+            self._stop_group(self._mlflow_ui)
+            self._mlflow_ui = None
         if self._owns_ray:
             stop_head(self.root / "ray")
         if self._owns_cos:
@@ -63,6 +127,11 @@ class LocalStack:
     @property
     def artifact_root(self) -> str:
         return f"file://{self.root / 'mlflow' / 'artifacts'}"
+
+    @property
+    def mlflow_ui_url(self) -> str | None:
+        """Where the MLflow UI answers (None without ``mlflow_ui_port``)."""
+        return f"http://127.0.0.1:{self.mlflow_ui_port}" if self.mlflow_ui_port is not None else None
 
     @property
     def raw_uri(self) -> str:
@@ -111,7 +180,9 @@ class LocalStack:
             "mlflow_default": {
                 "conn_type": "mlflow",
                 "host": self.tracking_uri,
-                "extra": {"artifact_location": self.artifact_root},
+                # ui_url: the tracking store is SQLite, so links need the UI's own address
+                "extra": {"artifact_location": self.artifact_root}
+                | ({"ui_url": self.mlflow_ui_url} if self.mlflow_ui_url else {}),
             },
         }
 

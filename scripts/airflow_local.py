@@ -1,8 +1,14 @@
 """`make airflow` (namespace side): the embedded stack plus a running Airflow, until Ctrl-C.
 
-Starts the COS stand-in (with two weeks of sample partitions), a Ray head, and Airflow's API server
-(UI and REST), scheduler, DAG processor and triggerer on 127.0.0.1, then prints the UI address and
-login. Stops every component by PID on exit. State: ``.state/airflow-local``.
+Starts the COS stand-in (with two weeks of sample partitions), a Ray head, the MLflow UI
+(``mlflow server`` over the stack's tracking store) and Airflow's API server (UI and REST),
+scheduler, DAG processor and triggerer on 127.0.0.1, then prints the three addresses and the
+logins. Stops every component by PID on exit. State: ``.state/airflow-local``.
+
+The ports are ``AIRFLOW_PORT`` (8080), ``RAY_DASHBOARD_PORT`` (8265) and ``MLFLOW_UI_PORT`` (5000).
+When ``EMR_RAY_FORWARD_DIR`` is set (``scripts/airflow.sh`` sets it), each port is also carried out
+of the namespace through ``<dir>/<port>.sock`` to the same 127.0.0.1:<port> on the host
+(:mod:`devstack.forward`), so the links tasks store open in the host's browser.
 """
 
 from __future__ import annotations
@@ -16,10 +22,20 @@ import threading
 from pathlib import Path
 
 from devstack.airflow import USER, LocalAirflow
-from devstack.forward import unix_to_tcp
+from devstack.forward import expose
 from devstack.stack import LocalStack
 
 PROJECT = Path(__file__).resolve().parents[1]
+STATE = PROJECT / ".state" / "airflow-local"
+
+
+def ports() -> dict[str, int]:
+    """The three ports, the same inside the namespace and on the host."""
+    return {
+        "airflow": int(os.environ.get("AIRFLOW_PORT", "8080")),
+        "ray": int(os.environ.get("RAY_DASHBOARD_PORT", "8265")),
+        "mlflow": int(os.environ.get("MLFLOW_UI_PORT", "5000")),
+    }
 
 
 def main() -> int:
@@ -27,18 +43,23 @@ def main() -> int:
     try:
         return run()
     except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as e:
-        print(f"make airflow: {e} (logs: {PROJECT / '.state' / 'airflow-local'})", file=sys.stderr)
+        print(f"make airflow: {e} (logs: {STATE})", file=sys.stderr)
         return 1
 
 
 def run() -> int:
-    root = PROJECT / ".state" / "airflow-local"
-    stack = LocalStack(root, PROJECT).start()
-    airflow = LocalAirflow(stack, root / "airflow")
+    port = ports()
+    stack = LocalStack(STATE, PROJECT, dashboard_port=port["ray"], mlflow_ui_port=port["mlflow"])
+    airflow = LocalAirflow(stack, STATE / "airflow", port=port["airflow"])
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        forward_dir = os.environ.get("EMR_RAY_FORWARD_DIR")
+        if forward_dir:  # before the servers start: the host side answers as soon as each one does
+            expose(forward_dir, port.values())
+        print("==> Starting the COS stand-in, a Ray head and the MLflow UI on 127.0.0.1", flush=True)
+        stack.start()
         from include.data import digits, synthetic
 
         first = (dt.date.today() - dt.timedelta(days=14)).isoformat()
@@ -48,13 +69,16 @@ def run() -> int:
             "==> Starting Airflow (API server, scheduler, DAG processor, triggerer) on 127.0.0.1", flush=True
         )
         airflow.start()
-        socket_path = os.environ.get("EMR_RAY_UI_SOCKET")
-        if socket_path:
-            unix_to_tcp(socket_path, airflow.port)
-        print(f"\n    UI and REST API   {airflow.url}   (user {USER}, password {airflow.password()})")
-        print(f"    Ray dashboard     {stack.ray.dashboard_url if stack.ray else ''} (inside the namespace)")
-        print(f"    Logs              {airflow.home / 'logs'}")
-        print(f"    Sample partitions {first} .. yesterday, in {stack.raw_uri}")
+        ray = stack.ray
+        where = "(also on this machine's 127.0.0.1)" if forward_dir else "(inside the namespace only)"
+        print(f"\n    Addresses {where}:")
+        print(f"    Airflow UI and REST API  {airflow.url}   (user {USER}, password {airflow.password()})")
+        print(f"    Ray dashboard            {ray.dashboard_url}   (token {ray.token})")
+        print(f"    MLflow UI                {stack.mlflow_ui_url}")
+        print("    The Ray dashboard asks for its token once per browser (a cookie keeps it for 30 days);")
+        print(f"    it is also in {ray.state_dir / 'auth_token'}.")
+        print(f"\n    Logs                     {airflow.home / 'logs'}")
+        print(f"    Sample partitions        {first} .. yesterday, in {stack.raw_uri}")
         print("\nPress Ctrl-C to stop.", flush=True)
         stop.wait()
         return 0

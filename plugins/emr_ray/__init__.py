@@ -29,19 +29,47 @@ def get_provider_info() -> dict:
                         "label": "Verify TLS",
                         "schema": {"type": ["boolean", "null"], "default": True},
                     },
+                    "ca_bundle": {
+                        "label": "CA bundle (path)",
+                        "schema": _TEXT,
+                        "description": "PEM file with the CA(s) that signed the dashboard's certificate",
+                    },
+                    "ca_pem": {
+                        "label": "CA certificate (PEM text)",
+                        "schema": _TEXT,
+                        "description": "the CA PEM itself, instead of or besides a CA bundle path",
+                    },
+                    "client_cert": {"label": "Client certificate (path, mutual TLS)", "schema": _TEXT},
+                    "client_key": {"label": "Client key (path, mutual TLS)", "schema": _TEXT},
+                    "allow_insecure_http": {
+                        "label": "Allow the token over plain http to another machine",
+                        "schema": {"type": ["boolean", "null"], "default": False},
+                    },
+                    "uds": {"label": "Unix socket path (optional)", "schema": _TEXT},
                     "headers": {"label": "Extra HTTP headers (JSON)", "schema": {"type": ["object", "null"]}},
                     "runtime_env": {
                         "label": "Default runtime_env (JSON)",
                         "schema": {"type": ["object", "null"]},
                     },
+                    "code": {
+                        "label": "Job code",
+                        "schema": {"type": ["string", "null"], "enum": ["installed", "ship", None]},
+                        "description": "installed (default): the cluster has emr_ray and include/; "
+                        "ship: upload them with every job (Jobs API packages)",
+                    },
+                    "include_dir": {
+                        "label": "include/ folder to ship (path)",
+                        "schema": _TEXT,
+                        "description": "default: include/ next to the DAGs folder; empty: ship none",
+                    },
                 },
                 "ui-field-behaviour": {
                     "hidden-fields": ["schema", "login", "port"],
                     "relabeling": {
-                        "host": "Dashboard address (http://head:8265 or auto)",
+                        "host": "Dashboard address (https://head:8265 or auto)",
                         "password": "Auth token",
                     },
-                    "placeholders": {"host": "http://127.0.0.1:8265"},
+                    "placeholders": {"host": "https://head:8265"},
                 },
             },
             {
@@ -110,6 +138,7 @@ def get_provider_info() -> dict:
             {"integration-name": "Ray", "python-modules": ["emr_ray.triggers.ray"]},
             {"integration-name": "Tencent COS", "python-modules": ["emr_ray.triggers.cos"]},
         ],
+        "filesystems": ["emr_ray.fs.cos"],
         "extra-links": [
             "emr_ray.links.ray.RayJobLink",
             "emr_ray.links.mlflow.MLflowRunLink",

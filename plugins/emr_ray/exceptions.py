@@ -33,6 +33,11 @@ class RayAuthError(RayClusterError, AirflowFailException):
     """The cluster wants a token (401) or rejected ours (403): fix the connection; not retried."""
 
 
+class RayConnectionConfigError(RayClusterError, AirflowFailException):
+    """The ``ray`` connection is set up wrong (a bad TLS extra, a token that would go over plain http
+    to another machine): fix the connection; refused before any request, not retried."""
+
+
 class RayJobRejectedError(RayClusterError, AirflowFailException):
     """The Jobs API refused the submission (4xx: bad runtime_env, entrypoint or resources); not retried."""
 
@@ -76,3 +81,8 @@ class MLflowRegistryError(EmrRayError):
 
 class MLflowMetricNotFiniteError(MLflowRegistryError, AirflowFailException):
     """The run's gate metric is NaN or infinite: nothing is registered, and the task fails without retry."""
+
+
+class MLflowAuthError(MLflowRegistryError, AirflowFailException):
+    """MLflow refused the connection's credentials (401) or their permission (403): fix the connection or
+    the user's permissions; not retried."""

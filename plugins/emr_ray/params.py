@@ -32,8 +32,28 @@ def history_start() -> Any:
         raise ValueError(f"{HISTORY_START_ENV}={value!r} is not a date like 2020-01-01.") from e
 
 
+#: how many runs of one DAG may be active at once: a run waiting for its partition must not hold up
+#: a manual run; what protects the cluster is the ``ray_cluster`` pool, not this
+MAX_ACTIVE_RUNS = 8
+
+
+def daily_partitions() -> Any:
+    """The schedule of a daily retraining DAG: a run per *completed* day.
+
+    Airflow 3's ``@daily`` is a trigger timetable: the run made at 2026-12-01 00:00 has logical date
+    2026-12-01, the day that has just begun, whose partition cannot exist yet. A data-interval
+    timetable gives that run the interval 2026-11-30 to 2026-12-01 and the logical date 2026-11-30
+    (the interval's start): the day that is complete. Backfills over ``--from-date/--to-date``
+    process exactly those dates, as before.
+    """
+    from airflow.sdk import CronDataIntervalTimetable
+
+    return CronDataIntervalTimetable("0 0 * * *", timezone="UTC")
+
+
 #: The partition a run processes: the ``partition`` param of a manual run; else the run's logical date
-#: (scheduled and backfill runs); else, for a manual run without a logical date, the day before it ran.
+#: (scheduled and backfill runs: the start of the completed day, see :func:`daily_partitions`); else, for a
+#: manual run without a logical date, the day before it ran.
 PARTITION_TEMPLATE = (
     "{{ params.partition or (dag_run.logical_date or dag_run.run_after - macros.timedelta(days=1))"
     ".strftime('%Y-%m-%d') }}"

@@ -5,7 +5,8 @@ to fix the input, as Ray Train's config classes do), serialise it to JSON and en
 job's entrypoint; the cluster-side job decodes it back into the same classes and reads attributes.
 The job prints its result (and, on failure, its error) as one marked line in the job log, which the
 operator reads back through the Jobs API: that works on any cluster, with no shared filesystem.
-Secrets never go into a spec: they travel in the job's runtime_env environment (``COS_SECRET_ENV``).
+Secrets never go into a spec: they reach the job's processes as environment variables
+(``COS_SECRET_ENV``) through :mod:`emr_ray.secrets`, never through its runtime_env.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from emr_ray import storage
+from emr_ray import secrets, storage
 
 RESULT_MARKER = "EMR_RAY_RESULT "
 ERROR_MARKER = "EMR_RAY_ERROR "
@@ -88,6 +89,7 @@ class StorageSection(SpecPart):
 
     def options(self) -> storage.StorageOptions:
         """The settings, with the COS secrets read from this process's environment (never the spec)."""
+        secrets.ensure_env()  # in a worker process of a job: fetch the job's secrets first
         settings: dict[str, Any] = {**(self.cos or {})}
         settings.update({k: v for k, v in (self.hdfs or {}).items() if v is not None})
         settings.update({key: os.environ.get(env) for key, env in COS_SECRET_ENV.items()})

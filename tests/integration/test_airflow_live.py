@@ -5,6 +5,9 @@ triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI 
   deliberately weak model (one epoch, tiny learning rate) that must not take the champion alias from
   the model ``test_retrain_tabular`` registered first;
 - the same from the UI's trigger form, in headless Chromium;
+- the extra links of the manual run's tasks, opened from the UI in headless Chromium: the Ray
+  dashboard's job page (after the token dialog a user meets once), the MLflow run and the model
+  version, each served on 127.0.0.1 as ``make airflow`` serves them;
 - a backfill over three historical partitions (``POST /api/v2/backfills``, one run at a time): each
   run preprocesses, trains and registers exactly its own partition (a rerun of a partition the
   session already staged replaces it cleanly); the date with no data fails alone, clearly.
@@ -18,13 +21,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import shutil
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from devstack.airflow import LocalAirflow
+from devstack.stack import LocalStack
 from tests.fixtures.pipeline import GOOD, WEAK
 
 pytestmark = pytest.mark.integration
@@ -66,8 +75,20 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(stack, tabular_good_run, tmp_path_factory):
-    airflow = LocalAirflow(stack, tmp_path_factory.mktemp("airflow-live") / "home", port=8080).start()
+def live_stack(stack) -> Iterator[LocalStack]:
+    """The session's stack (its state folder, Ray head and COS stand-in) plus the MLflow UI on
+    127.0.0.1:5000, as ``make airflow`` runs it: the ``mlflow_default`` connection carries its
+    ``ui_url``, so the tasks store links to their run and model version."""
+    live = LocalStack(stack.root, stack.project_root, cos=stack.cos, ray=stack.ray, mlflow_ui_port=5000)
+    try:
+        yield live.start()
+    finally:
+        live.stop()  # only the MLflow UI: the session's Ray head and COS stand-in stay up
+
+
+@pytest.fixture(scope="module")
+def api(live_stack, tabular_good_run, tmp_path_factory):
+    airflow = LocalAirflow(live_stack, tmp_path_factory.mktemp("airflow-live") / "home", port=8080).start()
     try:  # stopped even when the setup below fails: no Airflow left running after the session
         client = Api(airflow)
         deadline = time.monotonic() + 180
@@ -108,12 +129,20 @@ def wait_for_runs(api: Api, run_ids: set[str], timeout: float = 1200) -> dict[st
         time.sleep(5)
 
 
-def test_manual_run_with_parameters_registers_a_challenger_only(api, stack):
+@pytest.fixture(scope="module")
+def manual_run(api) -> dict:
+    """A manual run with parameters (a deliberately weak model), finished: its API answer.
+
+    Shared by the tests of its outcome and of its tasks' extra links (one pipeline run for both)."""
     run = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
         "dag_run_id": "manual-params", "logical_date": None,
         "conf": {"partition": WEAK, "epochs": 1, "lr": 0.00001, "num_workers": 1, "register_only_if_better": False},
     })  # fmt: skip
-    assert wait_for_runs(api, {run["dag_run_id"]})["manual-params"]["state"] == "success"
+    return wait_for_runs(api, {run["dag_run_id"]})[run["dag_run_id"]]
+
+
+def test_manual_run_with_parameters_registers_a_challenger_only(api, manual_run, stack):
+    assert manual_run["state"] == "success", "\n".join(failed_tasks(api, manual_run["dag_run_id"]))
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
@@ -325,38 +354,45 @@ def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generat
     assert champion_after.version == champion_before.version, "history replaced the champion"
 
 
-def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):
-    """Headless Chromium (Debian's package, driven by Playwright) logs in, fills the trigger form's
-    parameters and submits; the run it started succeeds. Dry run, so only the checks run."""
-    import os
-    import shutil
-
+@contextmanager
+def airflow_ui(api: Api, tmp_path: Path) -> Iterator:
+    """A page of headless Chromium (Debian's package, driven by Playwright) logged in to the Airflow UI."""
     chromium = shutil.which("chromium")
     if not chromium:
         pytest.skip("Debian's chromium is not installed (scripts/setup.sh installs it when run as root)")
     from playwright.sync_api import sync_playwright
 
-    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
-        os.environ[var] = str(tmp_path / var.lower())
-    before = {
-        r["dag_run_id"] for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
-    }
+    env = os.environ | {var: str(tmp_path / var.lower()) for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=flags)
-        page = browser.new_page()
-        page.goto(f"{api.base}/dags/{DAG_ID}")
-        page.fill('input[name="username"]', "admin")
-        page.fill('input[name="password"]', api.password)
-        page.click('button[type="submit"]')
+        browser = p.chromium.launch(executable_path=chromium, args=flags, env=env)
+        try:
+            page = browser.new_page()
+            page.context.set_default_timeout(60_000)  # a shared 2-core machine: the apps render slowly
+            page.goto(f"{api.base}/dags/{DAG_ID}")
+            page.fill('input[name="username"]', "admin")
+            page.fill('input[name="password"]', api.password)
+            page.click('button[type="submit"]')
+            page.wait_for_url(lambda url: "/login" not in url)
+            yield page
+        finally:
+            browser.close()
+
+
+def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):
+    """Headless Chromium logs in, fills the trigger form's parameters and submits; the run it started
+    succeeds. Dry run, so only the checks run."""
+    before = {
+        r["dag_run_id"] for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
+    }
+    with airflow_ui(api, tmp_path) as page:
         page.get_by_test_id("trigger-dag-button").click()
         page.fill('[name="element_partition"]', GOOD)
         page.fill('[name="element_epochs"]', "1")
         page.click('[id="switch:element_dry_run"]')
         page.get_by_test_id("trigger-dag-submit").click()
         page.wait_for_timeout(3000)
-        browser.close()
     deadline = time.monotonic() + 60
     while not (
         new := {
@@ -369,3 +405,77 @@ def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):
     finished = wait_for_runs(api, new)
     (run,) = finished.values()
     assert run["state"] == "success" and run["conf"]["partition"] == GOOD and run["conf"]["dry_run"] is True
+
+
+def ray_job(stack: LocalStack, submission_id: str) -> dict:
+    """The Jobs API's record of a job (with the head's token, as the operators call it)."""
+    assert stack.ray is not None
+    request = urllib.request.Request(f"{stack.ray.dashboard_url}/api/jobs/{submission_id}",
+                                     headers={"Authorization": f"Bearer {stack.ray.token}"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_extra_links_open_the_ray_job_the_mlflow_run_and_the_model_version(
+    api, manual_run, live_stack, tmp_path
+):
+    """The manual run's extra links, as a user follows them: the Ray dashboard's page of each Ray
+    task's job, the MLflow run the model was registered from, and the model version it registered.
+
+    Each link is read from the task's page in the Airflow UI (the same URL the REST API resolves),
+    clicked, and the page it opens must show that job, run or version. The Ray dashboard asks for its
+    token the first time (a dialog; its cookie then keeps the browser signed in for 30 days): the
+    test pastes it there, as a user does once, and the second job page opens without asking."""
+    assert manual_run["state"] == "success", "\n".join(failed_tasks(api, manual_run["dag_run_id"]))
+    run_id = manual_run["dag_run_id"]
+    tis = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances"
+    links = {
+        task: api.call("GET", f"{tis}/{task}/links")["extra_links"]
+        for task in ("preprocess", "train", "register")
+    }
+    ray, ui = live_stack.ray, live_stack.mlflow_ui_url
+    assert ray is not None and ui is not None
+    jobs = {}
+    for task in ("preprocess", "train"):
+        url = links[task]["Ray Dashboard"]
+        assert url.startswith(f"{ray.dashboard_url}/#/jobs/"), url
+        jobs[task] = url.rpartition("/")[2]
+        metadata = ray_job(live_stack, jobs[task])["metadata"]
+        assert (metadata["airflow_run_id"], metadata["airflow_task_id"]) == (run_id, task), metadata
+    result = register_result(api, run_id)
+    import mlflow
+
+    run = mlflow.MlflowClient(tracking_uri=live_stack.tracking_uri).get_run(result["run_id"])
+    assert links["register"] == {
+        "MLflow Run": f"{ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}",
+        "MLflow Model Version": f"{ui}/#/models/{result['model_name']}/versions/{result['version']}",
+    }
+
+    with airflow_ui(api, tmp_path) as page:
+
+        def follow(task: str, name: str):
+            """Open the task's Details tab in the Airflow UI and click its link ``name``: the page it opens."""
+            page.goto(f"{api.base}/dags/{DAG_ID}/runs/{run_id}/tasks/{task}/details")
+            link = page.get_by_role("link", name=name, exact=True)
+            assert link.get_attribute("href") == links[task][name]
+            with page.context.expect_page() as opened:  # another origin: a new tab
+                link.click()
+            return opened.value
+
+        dashboard = follow("preprocess", "Ray Dashboard")
+        dashboard.get_by_text("Authentication Token Required").wait_for()
+        dashboard.get_by_placeholder("Enter your authentication token").fill(ray.token)
+        dashboard.keyboard.press("Enter")
+        dashboard.get_by_text(jobs["preprocess"]).first.wait_for()
+        dashboard.get_by_text("SUCCEEDED").first.wait_for()  # the job's record: loaded with the cookie
+        dashboard = follow("train", "Ray Dashboard")
+        dashboard.get_by_text(jobs["train"]).first.wait_for()
+        dashboard.get_by_text("SUCCEEDED").first.wait_for()
+        assert not dashboard.get_by_text("Authentication Token Required").is_visible()
+
+        mlflow_run = follow("register", "MLflow Run")
+        mlflow_run.get_by_text(run.info.run_id).first.wait_for()
+        mlflow_run.get_by_text(run.info.run_name).first.wait_for()
+        version = follow("register", "MLflow Model Version")
+        version.get_by_text(f"Version {result['version']}").first.wait_for()
+        version.get_by_text(run.info.run_name).first.wait_for()  # its "Source Run"

@@ -9,7 +9,8 @@ The ``mlflow`` connection type:
   ``sqlite:////abs/path/mlflow.db``, ``file:///abs/path/mlruns``, ``databricks``). A bare host name
   (no ``://``) is completed as ``<schema or http>://<host>[:<port>]``.
 * ``schema``: ``http`` or ``https`` when ``host`` is a bare host name.
-* ``login`` / ``password``: basic auth of an ``mlflow server --app-name basic-auth``.
+* ``login`` / ``password``: basic auth of an ``mlflow server --app-name basic-auth``. A password
+  without a login is a bearer token.
 * ``extra``: ``token`` (bearer token, instead of basic auth), ``registry_uri`` (only if the model
   registry lives elsewhere), ``artifact_location`` (artifact root for experiments this hook
   creates), ``ui_url`` (where people open the MLflow UI, when the tracking URI is not it),
@@ -17,7 +18,15 @@ The ``mlflow`` connection type:
 
 Credentials never stay in ``os.environ``: MLflow reads them from environment variables at request
 time, so :meth:`MLflowHook.credentials` sets them only around the calls that need them and
-restores the previous values afterwards.
+restores the previous values afterwards. Why not MLflow's ``RequestHeaderProvider`` plugin instead:
+a plugin is registered through an installed package's entry point and applies to every request of
+the process, so it cannot choose the credentials of one connection; and the environment is the one
+place every MLflow client reads, the ``mlflow-artifacts`` HTTP repository included. A Ray job gets
+the same variables (:meth:`MLflowHook.credential_env`) through the operator's secret channel, never
+through its spec.
+
+A refused request (401: no or wrong login; 403: no permission) raises :class:`MLflowAuthError`,
+which names the connection and is not retried (MLflow itself retries only 408, 429 and 5xx).
 
 This module holds the connection, credentials, links and runs; the model registry methods
 (registered models, versions, aliases) come from :mod:`emr_ray.hooks.mlflow_registry`.
@@ -35,20 +44,17 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook
 
-from emr_ray.exceptions import MLflowRegistryError
+from emr_ray import mlflow_auth
+from emr_ray.exceptions import MLflowAuthError, MLflowRegistryError
 from emr_ray.hooks.mlflow_registry import MLflowRegistryMixin
+from emr_ray.mlflow_auth import CREDENTIAL_ENV_VARS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
-#: Environment variables through which MLflow's REST and artifact clients read credentials.
-CREDENTIAL_ENV_VARS = (
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_INSECURE_TLS",
-)
+__all__ = ["CREDENTIAL_ENV_VARS", "MLflowHook"]
+
 _ENV_LOCK = threading.RLock()
 _HTTP_SCHEMES = ("http", "https")
 
@@ -86,8 +92,8 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
             "relabeling": {
                 "host": "Tracking URI or host",
                 "schema": "Scheme (http/https, only for a bare host)",
-                "login": "Username (basic auth)",
-                "password": "Password (basic auth)",
+                "login": "Username (basic auth; empty for a token)",
+                "password": "Password (basic auth), or the token when Username is empty",
             },
             "placeholders": {
                 "host": "http://127.0.0.1:5000  or  sqlite:////abs/path/mlflow.db",
@@ -140,24 +146,71 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
         value = self.extra.get("artifact_location")
         return str(value).rstrip("/") if value else None
 
-    def _credential_env(self) -> dict[str, str]:
-        """The MLflow credential environment this connection implies (empty when none)."""
+    def credential_env(self) -> dict[str, str]:
+        """
+        The ``MLFLOW_TRACKING_*`` variables this connection implies (empty without credentials).
+
+        Login and password give basic auth; a password without a login, or extra ``token``, gives
+        a bearer token. The password and the token are masked in Airflow's logs. This is what a Ray
+        job gets through its secret environment (``TorchTrainOperator.job_secrets``) and what
+        :meth:`credentials` sets around the hook's own calls.
+
+        :raises MLflowAuthError: a login without a password.
+        """
         env: dict[str, str] = {}
-        token = self.extra.get("token")
+        login, password = (self.conn.login or "").strip(), self.conn.password or ""
+        token = str(self.extra.get("token") or "") or ("" if login else password)
+        if login and not password:
+            raise MLflowAuthError(
+                f"Connection {self.mlflow_conn_id!r} has login {login!r} but no password: set the password "
+                "(basic auth), or clear the login and put a token in the password or in extra 'token'."
+            )
         if token:
-            env["MLFLOW_TRACKING_TOKEN"] = str(token)
-        if self.conn.login:
-            env["MLFLOW_TRACKING_USERNAME"] = self.conn.login
-            env["MLFLOW_TRACKING_PASSWORD"] = self.conn.password or ""
+            env[mlflow_auth.TOKEN] = token
+        if login:
+            env[mlflow_auth.USERNAME] = login
+            env[mlflow_auth.PASSWORD] = password
         if str(self.extra.get("insecure_tls", "")).lower() in ("1", "true", "yes"):
-            env["MLFLOW_TRACKING_INSECURE_TLS"] = "true"
+            env[mlflow_auth.INSECURE_TLS] = "true"
         if env:
             from airflow.sdk.log import mask_secret
 
-            for key in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD"):
+            for key in (mlflow_auth.TOKEN, mlflow_auth.PASSWORD):
                 if env.get(key):
                     mask_secret(env[key])
         return env
+
+    def auth_error(self, status: int, error: BaseException | None = None) -> MLflowAuthError:
+        """
+        The error for MLflow refusing this connection: it names the connection, the user and the fix.
+
+        :param status: 401 (no or wrong credentials) or 403 (no permission).
+        :param error: MLflow's own exception, whose first line is quoted (it holds no secret).
+        """
+        uri = _strip_userinfo(self.tracking_uri)
+        login = (self.conn.login or "").strip()
+        said = str(getattr(error, "message", None) or error or "").strip().splitlines()
+        detail = f" MLflow said: {said[0][:300]}" if said else ""
+        if status == 403:
+            who = f"user {login!r}" if login else "the token"
+            return MLflowAuthError(
+                f"MLflow at {uri} denied {who} of connection {self.mlflow_conn_id!r} permission for this "
+                "call (403): grant it (READ to read, EDIT to log, MANAGE to register and move aliases) or "
+                f"use another login. Not retried.{detail}"
+            )
+        env = self.credential_env()
+        if not (env.get(mlflow_auth.USERNAME) or env.get(mlflow_auth.TOKEN)):
+            why = (
+                "requires a login and the connection has none: set its login and password (an "
+                "mlflow server --app-name basic-auth), or a token in its password or extra 'token'"
+            )
+        elif login:
+            why = f"refused user {login!r}: the connection's login or password is wrong"
+        else:
+            why = "refused the connection's token: it is wrong or expired"
+        return MLflowAuthError(
+            f"MLflow at {uri} {why} (connection {self.mlflow_conn_id!r}, 401). Not retried.{detail}"
+        )
 
     @contextmanager
     def credentials(self) -> Iterator[None]:
@@ -168,18 +221,42 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
         for the tracking store, the registry store and the artifact repositories alike. This sets
         them under a process-wide lock and restores the previous values (or their absence) on
         exit, so nothing leaks into later tasks or into subprocesses started afterwards. Without
-        credentials on the connection it does nothing.
+        credentials on the connection it does nothing to the environment.
+
+        A request MLflow refuses (401, 403) inside the block raises :class:`MLflowAuthError`.
         """
-        env = self._credential_env()
-        if not env:
-            yield
-            return
+        env = self.credential_env()
+        try:
+            if not env:
+                yield
+                return
+            with _ENV_LOCK:
+                saved = {key: os.environ.get(key) for key in CREDENTIAL_ENV_VARS}
+                try:
+                    for key in CREDENTIAL_ENV_VARS:
+                        os.environ.pop(key, None)
+                    os.environ.update(env)
+                    yield
+                finally:
+                    for key, value in saved.items():
+                        if value is None:
+                            os.environ.pop(key, None)
+                        else:
+                            os.environ[key] = value
+        except Exception as e:
+            status = mlflow_auth.refusal(e)
+            if status is None:
+                raise
+            raise self.auth_error(status, e) from e
+
+    @contextmanager
+    def _fail_fast(self) -> Iterator[None]:
+        """No retries and a 10 s timeout for MLflow's HTTP requests in the block (checks, not work)."""
+        keys = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
         with _ENV_LOCK:
-            saved = {key: os.environ.get(key) for key in CREDENTIAL_ENV_VARS}
+            saved = {key: os.environ.get(key) for key in keys}
+            os.environ.update({keys[0]: "0", keys[1]: "10"})
             try:
-                for key in CREDENTIAL_ENV_VARS:
-                    os.environ.pop(key, None)
-                os.environ.update(env)
                 yield
             finally:
                 for key, value in saved.items():
@@ -187,6 +264,15 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
                         os.environ.pop(key, None)
                     else:
                         os.environ[key] = value
+
+    def check_access(self) -> None:
+        """
+        One cheap authenticated request (search one experiment), without retries.
+
+        :raises MLflowAuthError: MLflow refuses this connection's credentials.
+        """
+        with self._fail_fast(), self.credentials():
+            self.client.search_experiments(max_results=1)
 
     @cached_property
     def client(self) -> MlflowClient:
@@ -241,30 +327,17 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
         }
         if self.artifact_location:
             settings["artifact_location"] = self.artifact_location
-        settings["requires_credentials"] = bool(self._credential_env())
+        settings["requires_credentials"] = bool(self.credential_env())
         return settings
 
     def test_connection(self) -> tuple[bool, str]:
         """List one experiment; return ``(ok, message)`` and never raise."""
         try:
             uri = _strip_userinfo(self.tracking_uri)
-            saved = {
-                key: os.environ.get(key)
-                for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
-            }
-            with _ENV_LOCK, self.credentials():
-                # Fail fast instead of MLflow's default minutes of retries.
-                os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-                os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
-                try:
-                    self.client.search_experiments(max_results=1)
-                finally:
-                    for key, value in saved.items():
-                        if value is None:
-                            os.environ.pop(key, None)
-                        else:
-                            os.environ[key] = value
+            self.check_access()
             return True, f"Connected to MLflow at {uri}"
+        except MLflowAuthError as e:
+            return False, str(e)
         except Exception as e:
             return False, f"Cannot reach MLflow ({type(e).__name__}): {e}"
 
@@ -294,6 +367,8 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
             try:
                 return self.client.get_run(run_id)
             except MlflowException as e:
+                if mlflow_auth.refusal(e):
+                    raise
                 raise MLflowRegistryError(
                     f"MLflow run {run_id!r} not found at {_strip_userinfo(self.tracking_uri)}: {e.message}. "
                     "Pass the run id the training task returned, and check the mlflow connection."
@@ -343,7 +418,9 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
                 return latest.artifact_location, latest.model_id
             try:
                 files = {f.path for f in self.client.list_artifacts(run_id, artifact_path)}
-            except Exception:
+            except Exception as e:
+                if mlflow_auth.refusal(e):
+                    raise
                 files = set()
             if f"{artifact_path}/MLmodel" in files or "MLmodel" in files:
                 return f"{run.info.artifact_uri.rstrip('/')}/{artifact_path}", None

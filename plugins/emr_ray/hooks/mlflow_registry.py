@@ -51,17 +51,24 @@ class MLflowRegistryMixin:
         from mlflow.exceptions import MlflowException
 
         with self.credentials():
+            denied = None
             try:
                 self.client.get_registered_model(name)
                 return False
             except MlflowException as e:
-                if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                # An auth server whose default permission is NO_PERMISSIONS answers 403, not 404, for
+                # a model nobody created yet: creating it tells the two apart (the creator may manage it).
+                if e.error_code == "PERMISSION_DENIED":
+                    denied = e
+                elif e.error_code != "RESOURCE_DOES_NOT_EXIST":
                     raise
             try:
                 self.client.create_registered_model(name)
             except MlflowException as e:  # created concurrently by another task
                 if e.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
                     raise
+                if denied is not None:  # it exists, and this login may not read it
+                    raise denied from None
                 return False
         self.log.info("Created registered model %s", name)
         return True

@@ -3,11 +3,19 @@
 The Airflow side never imports ``ray``: everything goes over HTTP, so the same code talks to a
 local head and to a remote EMR cluster. The connection:
 
-- host: the dashboard address, ``http://head:8265`` (or ``auto``: the local head, found as
-  ``ray.init(address="auto")`` would, for Airflow workers that run on a Ray node);
+- host: the dashboard address, ``https://head:8265`` or ``http://127.0.0.1:8265`` (or ``auto``: the
+  local head, found as ``ray.init(address="auto")`` would, for Airflow workers that run on a Ray node);
 - password: the cluster's auth token (``ray get-auth-token``), sent as ``Authorization: Bearer``;
-- extra: ``verify`` (TLS verification, default true), ``headers`` (extra HTTP headers),
-  ``runtime_env`` (merged under every job's runtime_env: how the cluster finds this package).
+- extra: ``headers`` (extra HTTP headers), ``runtime_env`` (merged under every job's runtime_env: how
+  the cluster finds this package), and TLS (:mod:`emr_ray.hooks.ray_tls`): ``verify`` (default true),
+  ``ca_bundle`` (CA PEM file path) and/or ``ca_pem`` (the CA PEM text), ``client_cert`` /
+  ``client_key`` (mutual TLS), ``allow_insecure_http`` (default false), ``uds`` (a Unix socket).
+
+The token never goes over plain http to another machine: a host ``http://10.0.0.5:8265`` with a
+token is refused with the fix (https, or ``"allow_insecure_http": true``); loopback, ``uds``,
+``auto`` and connections without credentials are allowed. Both clients (the sync one and
+:meth:`RayHook.async_jobs` for triggers) are built by :meth:`RayHook.client_settings` from one SSL
+context.
 
 The logic both wait paths share (what is transient, backoff, reading a job) is in
 :mod:`emr_ray.hooks.ray_wait`.
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -34,6 +43,7 @@ from emr_ray.exceptions import (
     RayJobRejectedError,
     RayJobsApiError,
 )
+from emr_ray.hooks.ray_tls import RayTlsConfig, describe_tls_failure, has_credentials, refuse_plain_http
 from emr_ray.hooks.ray_wait import BACKOFF, Backoff, Outage, is_transient, summarize_cluster
 
 DEFAULT_DASHBOARD_PORT = 8265
@@ -93,10 +103,21 @@ class RayHook(BaseHook):
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return {
             "hidden_fields": ["schema", "login", "port"],
-            "relabeling": {"host": "Dashboard address (http://head:8265 or auto)", "password": "Auth token"},
+            "relabeling": {"host": "Dashboard address (https://head:8265 or auto)", "password": "Auth token"},
             "placeholders": {
-                "host": "http://127.0.0.1:8265",
-                "extra": json.dumps({"verify": True, "headers": {}, "runtime_env": {}}),
+                "host": "https://head:8265",
+                "extra": json.dumps(
+                    {
+                        "verify": True,
+                        "ca_bundle": "/etc/ssl/ray-ca.pem",
+                        "ca_pem": "-----BEGIN CERTIFICATE-----\n...",
+                        "client_cert": None,
+                        "client_key": None,
+                        "allow_insecure_http": False,
+                        "headers": {},
+                        "runtime_env": {},
+                    }
+                ),
             },
         }
 
@@ -107,6 +128,7 @@ class RayHook(BaseHook):
         extra = conn.extra_dejson
         host = (conn.host or "auto").strip()
         token = conn.password or extra.get("token")
+        tls = RayTlsConfig.from_extra(self.ray_conn_id, extra)
         if host == "auto":
             url, auto_token = _auto_address()
             token = token or auto_token
@@ -121,7 +143,9 @@ class RayHook(BaseHook):
         return {
             "url": url.rstrip("/"),
             "token": token,
-            "verify": bool(extra.get("verify", True)),
+            "verify": tls.verify,
+            "tls": tls,
+            "auto": host == "auto",
             "headers": dict(extra.get("headers") or {}),
             "runtime_env": dict(extra.get("runtime_env") or {}),
         }
@@ -137,21 +161,54 @@ class RayHook(BaseHook):
         return headers
 
     @cached_property
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.dashboard_url,
-            headers=self._headers(),
-            verify=self.conn_config["verify"],
-            timeout=self.timeout,
+    def ssl_context(self) -> ssl.SSLContext:
+        """The connection's one SSL context, shared by the sync and the async client."""
+        tls: RayTlsConfig = self.conn_config["tls"]
+        context = tls.ssl_context()
+        if not tls.verify and self.dashboard_url.startswith("https://"):
+            self.log.warning(
+                "TLS certificate verification is off for connection %s (extra verify: false): "
+                "anyone between here and %s can pose as the cluster and read the token",
+                self.ray_conn_id,
+                self.dashboard_url,
+            )
+        return context
+
+    def client_settings(self, *, asynchronous: bool = False) -> dict[str, Any]:
+        """The keyword arguments of both clients (``httpx.Client`` or ``AsyncClient``); refuses to send
+        the token over plain http to another machine (:func:`~emr_ray.hooks.ray_tls.refuse_plain_http`).
+        Blocking (connection lookup, CA files): triggers call it in a thread."""
+        config = self.conn_config
+        tls: RayTlsConfig = config["tls"]
+        headers = self._headers()
+        warning = refuse_plain_http(
+            config["url"], tls, credentials=has_credentials(config["token"], headers), auto=config["auto"]
         )
+        if warning:
+            self.log.warning("%s", warning)
+        settings: dict[str, Any] = {"base_url": config["url"], "headers": headers, "timeout": self.timeout}
+        if tls.uds:
+            transport = httpx.AsyncHTTPTransport if asynchronous else httpx.HTTPTransport
+            settings["transport"] = transport(uds=tls.uds, verify=self.ssl_context)
+        else:
+            settings["verify"] = self.ssl_context
+        return settings
+
+    @cached_property
+    def client(self) -> httpx.Client:
+        return httpx.Client(**self.client_settings())
 
     # -- one call, and its retries ----------------------------------------------------------------
     def unreachable(self, error: httpx.HTTPError) -> RayJobsApiError:
-        """A call that got no answer, as a message that names the address and what to check."""
+        """A call that got no answer, as a message that names the address and what to check (for a TLS
+        failure: what to set in the connection; not transient)."""
+        tls_message = describe_tls_failure(error, conn_id=self.ray_conn_id, url=self.dashboard_url)
+        if tls_message:
+            return RayJobsApiError(tls_message, transient=False)
         return RayJobsApiError(
             f"Ray cluster at {self.dashboard_url} is unreachable ({type(error).__name__}: {error}). "
             f"Check connection {self.ray_conn_id!r} (host should be the dashboard address, "
-            "http://<head>:8265) and that the head node and its dashboard are running.",
+            "https://<head>:8265) and that the head node and its dashboard are running.",
             transient=is_transient(error),
         )
 
@@ -319,13 +376,19 @@ class RayHook(BaseHook):
         """The job's page in the Ray dashboard."""
         return f"{self.dashboard_url}/#/jobs/{submission_id}"
 
+    def ship_packages(self, runtime_env: dict[str, Any], *, code: str | None = None) -> dict[str, Any]:
+        """``runtime_env`` with the job's code uploaded through the Jobs API and named by URI: local
+        ``py_modules`` / ``working_dir`` paths always, ``emr_ray`` and ``include/`` when ``code`` (or
+        the connection's extra ``code``) is ``"ship"`` (:mod:`emr_ray.hooks.ray_packages`)."""
+        from emr_ray.hooks.ray_packages import ship_packages
+
+        return ship_packages(self, runtime_env, code=code)
+
     @asynccontextmanager
     async def async_jobs(self) -> AsyncIterator[AsyncJobsClient]:
         """The Jobs API for triggers: fully async (the blocking connection lookup runs in a thread)."""
-        config = await asyncio.to_thread(lambda: self.conn_config)
-        async with httpx.AsyncClient(
-            base_url=config["url"], headers=self._headers(), verify=config["verify"], timeout=self.timeout
-        ) as client:
+        settings = await asyncio.to_thread(self.client_settings, asynchronous=True)
+        async with httpx.AsyncClient(**settings) as client:
             yield AsyncJobsClient(self, client)
 
 
@@ -374,6 +437,22 @@ class AsyncJobsClient:
     async def stop_job(self, submission_id: str) -> bool:
         """As :meth:`RayHook.stop_job`."""
         return bool(((await self._json("POST", f"/api/jobs/{submission_id}/stop")) or {}).get("stopped"))
+
+    async def renew_staged_secrets(self, job: dict[str, Any] | None) -> None:
+        """Keep a PENDING job's staged secrets from lapsing, as :func:`emr_ray.hooks.ray_secrets.renew`."""
+        from emr_ray.hooks.ray_secrets import PACKAGES, staged_ref_of
+
+        name = staged_ref_of(job or {})
+        if name:
+
+            async def once() -> None:
+                try:
+                    response = await self.client.request("GET", PACKAGES + name)
+                except httpx.HTTPError as e:
+                    raise self.hook.unreachable(e) from e
+                self.hook.check_response(response, allow_404=True)
+
+            await self.call_with_retries("GET <staged secrets>", once)
 
     async def get_cluster_resources(self) -> dict[str, Any]:
         """As :meth:`RayHook.get_cluster_resources`."""

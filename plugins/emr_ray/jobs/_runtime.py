@@ -15,7 +15,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray import storage
+from emr_ray import secrets, storage
+from emr_ray.jobs._code import code_origin, explain_import_error
 from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, SpecPart, decode_spec
 
 log = logging.getLogger("emr_ray.jobs")
@@ -52,12 +53,15 @@ def main(
                 payload = json.load(f)
         else:
             payload = decode_spec(args.spec_b64)
+        secrets.take()  # before anything reads a secret from the environment
         result = run(spec_type.from_dict(payload) if spec_type else payload)
-    except INPUT_ERRORS as e:
-        _fail(e, code=INPUT_ERROR_EXIT_CODE)
+    except INPUT_ERRORS as e:  # a missing package: named, with the fix (emr_ray.jobs._code)
+        _fail(explain_import_error(e), code=INPUT_ERROR_EXIT_CODE)
     except Exception as e:
         traceback.print_exc(file=sys.stdout)
         _fail(e, code=1)
+    if spec_type is not None and isinstance(result, dict):  # the Spark and training jobs
+        result["code_origin"] = code_origin()
     line = json.dumps(result, sort_keys=True, default=str)
     if args.result_file:
         with open(args.result_file, "w") as f:

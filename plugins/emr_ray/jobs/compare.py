@@ -20,6 +20,11 @@ with the reason (no ``evaluate`` in the module, no test dataset, a champion that
 loaded or scored on these rows). A skipped comparison never fails the training: the register
 task then falls back to the champion's recorded metric, and says so.
 
+Against an MLflow that requires a login, every call goes through :func:`train_mlflow.client
+<emr_ray.jobs.train_mlflow.client>` (or runs after it), which makes the job's credentials visible
+first (:func:`~emr_ray.jobs.train_mlflow.ensure_credentials`); the artifact downloads read the same
+``MLFLOW_TRACKING_*`` variables.
+
 Runs on the cluster: never imports Airflow.
 """
 

@@ -4,11 +4,16 @@
 
 Imports no Ray unless asked to spread tasks (``spread_tasks: N``): then it runs N one-CPU tasks
 with the SPREAD strategy and reports the nodes they ran on, which shows placement across nodes.
+``secret_probe: [NAME, ...]`` reports the sha256 of each named environment variable as the driver
+and a Ray task of the job see it (never the value): how tests follow secrets through
+:mod:`emr_ray.secrets`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -29,13 +34,34 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"echo": spec.get("payload")}
     if spec.get("spread_tasks"):
         result["task_nodes"] = _spread(int(spec["spread_tasks"]))
+    if spec.get("secret_probe"):
+        result["secret_digests"] = _probe(list(spec["secret_probe"]))
     return result
+
+
+def _digests(names: list[str]) -> dict[str, str | None]:
+    return {n: hashlib.sha256(os.environ[n].encode()).hexdigest() if n in os.environ else None for n in names}
+
+
+def _probe(names: list[str]) -> dict[str, dict[str, str | None]]:
+    import ray
+
+    from emr_ray import secrets
+
+    ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
+
+    @ray.remote(num_cpus=0)
+    def in_a_worker() -> dict[str, str | None]:
+        secrets.ensure_env()
+        return _digests(names)
+
+    return {"driver": _digests(names), "worker": ray.get(in_a_worker.remote())}
 
 
 def _spread(count: int) -> list[str]:
     import ray
 
-    ray.init(address="auto", logging_level=logging.WARNING)
+    ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
 
     @ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
     def where() -> str:

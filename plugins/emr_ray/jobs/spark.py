@@ -119,7 +119,7 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
         rows_in = storage.count_parquet_rows(files, input_uri, options)
         log.info("Validated %s (dry run: committed, schema, %d rows); nothing written", input_uri, rows_in)
         return {"partition": partition, "input_uri": input_uri, "rows_in": rows_in, "validated": True}
-    ray.init(address="auto", logging_level=logging.WARNING)
+    ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
     hadoop = storage.spark_hadoop_configs([input_uri, output_uri], options)
     if hadoop:
         log.info("hdfs:// goes to WebHDFS at %s (ViewFileSystemOverloadScheme)",

@@ -261,7 +261,7 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     # of training, wait for the next poll. Polls are cheap; 0.5 s takes seconds off every fit().
     # Ray Train passes this variable from the driver to its controller and workers.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    ray.init(address="auto", logging_level=logging.WARNING)
+    ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
     started = time.monotonic()
     plan = plan_datasets(spec, options, inputs)
     rows = planned_rows(plan, spec)

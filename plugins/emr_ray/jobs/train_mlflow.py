@@ -1,6 +1,12 @@
 """The training job's MLflow side: the run, per-epoch metrics, the model and its loss curve.
 
 Runs on the cluster, in the job's driver and (for the epoch callback) in Ray Train's controller.
+
+Credentials: MLflow reads ``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` (or ``TOKEN``) from the
+environment at each request. The job's secret channel (:mod:`emr_ray.secrets`) puts them there: the
+driver takes them at start, and every other process calls :func:`ensure_credentials` before it
+builds a client (:func:`client` does). A refusal (401, 403) when the run starts ends the job as an
+input error (exit 2: a retry cannot fix a login), with a message that says what the job had.
 """
 
 from __future__ import annotations
@@ -9,22 +15,62 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from emr_ray import mlflow_auth, secrets
 from emr_ray import train as emr_train
+from emr_ray.jobs._runtime import JobInputError
 from emr_ray.spec import TrainJobSpec, import_by_path
 
 log = logging.getLogger("emr_ray.jobs.train")
 
 
+def ensure_credentials() -> None:
+    """Make the job's MLflow credentials visible to MLflow in this process (any process of the job:
+    the driver, Ray Train's controller, a worker). A no-op where there are none or they are set."""
+    secrets.ensure_env()
+
+
 def client(spec: TrainJobSpec):
     import mlflow
 
+    ensure_credentials()
     return mlflow.MlflowClient(tracking_uri=spec.mlflow.tracking_uri, registry_uri=spec.mlflow.registry_uri)
+
+
+@contextmanager
+def refused_as_input_error(spec: TrainJobSpec) -> Iterator[None]:
+    """Turn MLflow refusing the job's credentials (401, 403) into a :class:`JobInputError` that says
+    what the job had (never the secret) and what to fix on the Airflow side."""
+    try:
+        yield
+    except Exception as e:
+        status = mlflow_auth.refusal(e)
+        if status is None:
+            raise
+        had = mlflow_auth.present()
+        fix = (
+            "grant that user EDIT on the experiment (or use another login)"
+            if status == 403
+            else "set login and password (or a token) on the training task's mlflow connection"
+            if had == "no credentials"
+            else "fix the login and password (or the token) on the training task's mlflow connection"
+        )
+        raise JobInputError(
+            f"MLflow at {spec.mlflow.tracking_uri} refused the training job ({status}) with {had}: {fix}. "
+            "A retry cannot fix this."
+        ) from e
 
 
 def start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
     """The MLflow run of this training: the stored one when resuming, else a new one with the params."""
+    with refused_as_input_error(spec):
+        return _start_run(spec, resume_run_id)
+
+
+def _start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
     mlflow_client = client(spec)
     if resume_run_id:
         mlflow_client.update_run(resume_run_id, status="RUNNING")
@@ -56,6 +102,7 @@ def epoch_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
         def after_report(self, run_context, metrics, checkpoint):
             import mlflow
 
+            ensure_credentials()  # this runs in Ray Train's controller actor, not in the driver
             first = dict(metrics[0])
             epoch = int(first.pop("epoch", 0))
             text = " ".join(
@@ -125,6 +172,7 @@ def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example):
     with checkpoint.as_directory() as ckpt_dir:
         emr_train.load_weights(model, ckpt_dir)
     model.eval()
+    ensure_credentials()
     mlflow.set_tracking_uri(spec.mlflow.tracking_uri)
     code_dir = os.path.dirname(os.path.dirname(os.path.abspath(import_by_path(f"{module}:__file__"))))
     with mlflow.start_run(run_id=mlflow_run_id):

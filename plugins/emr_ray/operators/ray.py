@@ -28,6 +28,7 @@ from emr_ray.exceptions import (
     RayJobUnschedulableError,
     RayMonitorLostError,
 )
+from emr_ray.hooks import ray_secrets
 from emr_ray.hooks.ray import RayHook, merge_runtime_env
 from emr_ray.hooks.ray_wait import (
     FINISH,
@@ -43,6 +44,7 @@ from emr_ray.identity import TaskIdentity
 from emr_ray.links.ray import RayJobLink
 from emr_ray.reuse import DIGEST_KEY, FORCE_ENV, code_version, spec_digest
 from emr_ray.run_request import RunRequest, mapping_of, number_of, parse_memory
+from emr_ray.secrets import SECRET_REF_ENV
 from emr_ray.spec import COS_SECRET_ENV, JobSpec, entrypoint
 from emr_ray.templating import as_bool
 from emr_ray.triggers.ray import RayJobTrigger
@@ -99,6 +101,7 @@ class RayConnectOperator(BaseOperator):
         "spark_executor_memory", "driver_cpus",
     )  # fmt: skip
     ui_color = "#e8f4fd"
+    operator_extra_links = (RayJobLink(),)  # the dashboard's overview of the cluster it checked
 
     def __init__(
         self,
@@ -243,6 +246,10 @@ class RayJobOperator(BaseOperator):
         timedelta; default 600).
     :param force_recompute: do not reuse an earlier try's job, and tell the job to ignore stored
         results (templated: ``"{{ params.force_recompute }}"``).
+    :param code: ``"ship"`` uploads the cluster-side ``emr_ray`` and the project's ``include/`` with
+        the job (``py_modules``, content-addressed: :mod:`emr_ray.hooks.ray_packages`), for a cluster
+        that lacks them; ``"installed"``: the cluster has them. Default: the ``ray`` connection's extra
+        ``code``, else ``"installed"``. Local ``py_modules`` / ``working_dir`` paths are always uploaded.
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``); the job is stopped if ``execution_timeout`` runs out.
     :param cos_conn_id: the ``cos`` connection used when the spec names ``cos://`` URIs; its endpoint
@@ -272,6 +279,7 @@ class RayJobOperator(BaseOperator):
         pending_timeout: float | timedelta | None = timedelta(minutes=30),
         monitor_retry_seconds: float | timedelta = 600.0,
         force_recompute: bool | str = False,
+        code: str | None = None,
         cos_conn_id: str = "cos_default",
         hdfs_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -292,6 +300,7 @@ class RayJobOperator(BaseOperator):
         self.pending_timeout = _seconds(pending_timeout)
         self.monitor_retry_seconds = _seconds(monitor_retry_seconds) or 0.0
         self.force_recompute = force_recompute
+        self.code = code
         self._submission_id: str | None = None
 
     @cached_property
@@ -322,6 +331,11 @@ class RayJobOperator(BaseOperator):
             spec.setdefault("storage", {})["hdfs"] = WebHdfsSettingsHook(self.hdfs_conn_id).storage_settings()
         return spec
 
+    def job_secrets(self, context: Any, spec: Mapping[str, Any]) -> dict[str, str]:
+        """Secret environment variables the job needs (name -> value): the COS keys when the spec
+        reaches COS; subclasses add theirs (the MLflow login). Never put them in the spec."""
+        return dict(self._cos_settings[1]) if (spec.get("storage") or {}).get("cos") else {}
+
     def job_runtime_env(self, context: Any) -> dict[str, Any]:
         """Extra runtime_env for the job (subclasses add storage credentials as env vars)."""
         return dict(self.runtime_env)
@@ -332,10 +346,9 @@ class RayJobOperator(BaseOperator):
             spec = self.job_payload(context, identity)
         except ValueError as e:  # SpecError, StorageError: the rendered arguments can never run
             raise RayJobInputError(f"Task {identity.task_id}: {e}") from e
-        runtime_env = self.job_runtime_env(context)
-        if (spec.get("storage") or {}).get("cos"):
-            runtime_env.setdefault("env_vars", {}).update(self._cos_settings[1])
-        self._submission_id = self._reattach_or_submit(identity, spec, runtime_env)
+        runtime_env = self.hook.ship_packages(self.job_runtime_env(context), code=self.code)
+        secrets = self.job_secrets(context, spec)
+        self._submission_id = self._reattach_or_submit(identity, spec, runtime_env, secrets)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
         self.log.info("Ray job %s: %s", self._submission_id, self.hook.job_url(self._submission_id))
         if self.deferrable:
@@ -382,9 +395,14 @@ class RayJobOperator(BaseOperator):
         return spec_digest(self.job_module, spec, merged, code_version())
 
     def _reattach_or_submit(
-        self, identity: TaskIdentity, spec: dict[str, Any], runtime_env: dict[str, Any]
+        self,
+        identity: TaskIdentity,
+        spec: dict[str, Any],
+        runtime_env: dict[str, Any],
+        secrets: Mapping[str, str] | None = None,
     ) -> str:
-        """Take over an earlier try's job with the same spec digest, else submit this try's job."""
+        """Take over an earlier try's job with the same spec digest, else submit this try's job
+        (its ``secrets`` staged on the cluster: :mod:`emr_ray.secrets`)."""
         force = as_bool(self.force_recompute)
         if force:
             runtime_env = merge_runtime_env(runtime_env, {"env_vars": {FORCE_ENV: "1"}})
@@ -422,6 +440,11 @@ class RayJobOperator(BaseOperator):
                 )
                 self._stop_quietly(submission_id)
         submission_id = identity.submission_id()
+        if secrets:
+            ref = ray_secrets.stage(self.hook, secrets)
+            runtime_env = merge_runtime_env(runtime_env, {"env_vars": {SECRET_REF_ENV: ref}})
+            self.log.info("Staged %d secret(s) for the job (%s); none is in its runtime_env",
+                          len(secrets), ", ".join(sorted(secrets)))  # fmt: skip
         self.hook.submit_job(
             entrypoint=entrypoint(self.job_module, spec),
             submission_id=submission_id,
@@ -448,6 +471,8 @@ class RayJobOperator(BaseOperator):
             try:
                 job = self.hook.get_job(submission_id)
                 logs = self.hook.get_job_logs(submission_id)
+                if staged := ray_secrets.staged_ref_of(job or {}):
+                    ray_secrets.renew(self.hook, staged)
             except RayJobsApiError as e:
                 if not e.transient:
                     raise

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
@@ -16,6 +17,9 @@ from emr_ray.spec import (
     TrainJobSpec,
 )
 from emr_ray.templating import as_bool
+
+if TYPE_CHECKING:
+    from emr_ray.hooks.mlflow import MLflowHook
 
 
 class TorchTrainOperator(RayJobOperator):
@@ -51,7 +55,11 @@ class TorchTrainOperator(RayJobOperator):
     :param score_attribute: metric that ranks checkpoints.
     :param score_order: ``min`` or ``max``.
     :param max_failures: worker-group restarts Ray Train may do from the last checkpoint (FailureConfig).
-    :param mlflow_conn_id: the ``mlflow`` connection the job logs to.
+    :param mlflow_conn_id: the ``mlflow`` connection the job logs to. Its login and password (or token)
+        reach the job only as ``MLFLOW_TRACKING_*`` secret environment variables
+        (:meth:`job_secrets`), never in its spec, entrypoint or runtime_env. Before submitting, one
+        request checks that MLflow accepts them: a refusal fails the task at once (no retries) with a
+        message that names the connection.
     :param experiment_name: MLflow experiment (templated); default the DAG id.
     :param compare_with_model: registered model whose ``compare_alias`` version is scored against the new
         model on the same test rows after fit; None (or an empty rendering) compares nothing (templated).
@@ -113,10 +121,40 @@ class TorchTrainOperator(RayJobOperator):
         self.compare_with_model = compare_with_model
         self.compare_alias = compare_alias
 
-    def build_spec(self, context: Any, identity: TaskIdentity) -> TrainJobSpec:
+    @cached_property
+    def mlflow_hook(self) -> MLflowHook:
+        """The hook of ``mlflow_conn_id`` (one per task: the connection is read once)."""
         from emr_ray.hooks.mlflow import MLflowHook
 
-        mlflow_settings = MLflowHook(self.mlflow_conn_id).job_settings()
+        return MLflowHook(self.mlflow_conn_id)
+
+    def job_secrets(self, context: Any, spec: Mapping[str, Any]) -> dict[str, str]:
+        """The base class's secrets (COS keys) plus MLflow's ``MLFLOW_TRACKING_USERNAME`` and
+        ``MLFLOW_TRACKING_PASSWORD`` (or ``MLFLOW_TRACKING_TOKEN``) from the ``mlflow`` connection."""
+        return super().job_secrets(context, spec) | self.mlflow_hook.credential_env()
+
+    def check_mlflow_access(self) -> None:
+        """Fail before any cluster work when an http(s) MLflow refuses the connection's credentials.
+
+        Only a refusal (401, 403) fails the task, as :class:`~emr_ray.exceptions.MLflowAuthError`
+        (not retried); when MLflow cannot be reached from here, the job still tries from the cluster.
+        """
+        from emr_ray.exceptions import MLflowAuthError
+
+        hook = self.mlflow_hook
+        if not hook.tracking_uri.startswith(("http://", "https://")):
+            return
+        try:
+            hook.check_access()
+        except MLflowAuthError:
+            raise
+        except Exception as e:
+            self.log.warning("Could not check the MLflow login before submitting (%s: %s); the job will "
+                             "try from the cluster", type(e).__name__, e)  # fmt: skip
+
+    def build_spec(self, context: Any, identity: TaskIdentity) -> TrainJobSpec:
+        self.check_mlflow_access()
+        mlflow_settings = self.mlflow_hook.job_settings()
         resources = {k: float(v) for k, v in (self.resources_per_worker or {}).items()} or None
         return TrainJobSpec(
             train_loop=self.train_loop,

@@ -1,16 +1,39 @@
-"""The deferrable half of :class:`~emr_ray.sensors.cos.COSSensor`: waits in the triggerer, not a worker slot."""
+"""Waiting for COS objects in the triggerer: the deferrable half of :class:`~emr_ray.sensors.cos.COSSensor`,
+and an asset watcher that starts a DAG run when a new partition lands (event-driven scheduling).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+#: the state-store key under which a watcher keeps what it has announced
+ANNOUNCED_KEY = "announced"
+_PARTITION = re.compile(r"(?:^|/)dt=([0-9]{4}-[0-9]{2}-[0-9]{2})(?:/|$)")
 
 
-class COSKeyTrigger(BaseTrigger):
+def partition_of(key: str) -> str | None:
+    """The ``dt=YYYY-MM-DD`` partition date in an object key, if any."""
+    found = _PARTITION.search(key)
+    return found.group(1) if found else None
+
+
+class COSKeyTrigger(BaseEventTrigger):
     """Poll COS until every key (or pattern) has a match, then yield one terminal event.
+
+    **As an asset watcher** (``AssetWatcher(name=..., trigger=COSKeyTrigger([...], wildcard_match=True))``)
+    it runs for as long as the asset is watched and yields one event per *new* matching object
+    (``{"status": "success", "objects": [obj], "key": ..., "partition": "YYYY-MM-DD"}``), so a DAG
+    runs when a partition's ``_SUCCESS`` lands instead of polling on a schedule. What it has
+    announced (key and LastModified: a re-landed partition is announced again) is kept in the
+    asset's state store, so a restarted triggerer neither repeats an event nor misses an object
+    that landed meanwhile; an event may repeat only if the triggerer dies between yielding it and
+    recording it (at least once: a partition is never lost). On its first start it announces only
+    what lands afterwards, unless ``announce_existing``. COS errors are logged and polled through.
 
     The blocking SDK calls run in a thread (``asyncio.to_thread``), never on the triggerer's event
     loop, through the same matcher as the sensor's poke (:func:`emr_ray.hooks.cos_keys.match_keys`).
@@ -29,6 +52,7 @@ class COSKeyTrigger(BaseTrigger):
     :param inactivity_period: seconds the matched set must stay unchanged; None: answer on the first match.
     :param min_objects: with ``inactivity_period``, the fewest objects the settled set may hold.
     :param inactivity_state: the sensor's last observation (from ``check_unchanged``), to carry on from.
+    :param announce_existing: as a watcher, announce the objects that already match at its first start.
     """
 
     def __init__(
@@ -44,6 +68,7 @@ class COSKeyTrigger(BaseTrigger):
         inactivity_period: float | None = None,
         min_objects: int = 1,
         inactivity_state: dict[str, Any] | None = None,
+        announce_existing: bool = False,
     ) -> None:
         super().__init__()
         self.bucket_keys = list(bucket_keys)
@@ -56,6 +81,7 @@ class COSKeyTrigger(BaseTrigger):
         self.inactivity_period = inactivity_period
         self.min_objects = min_objects
         self.inactivity_state = dict(inactivity_state) if inactivity_state else None
+        self.announce_existing = announce_existing
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -71,6 +97,7 @@ class COSKeyTrigger(BaseTrigger):
                 "inactivity_period": self.inactivity_period,
                 "min_objects": self.min_objects,
                 "inactivity_state": self.inactivity_state,
+                "announce_existing": self.announce_existing,
             },
         )
 
@@ -80,6 +107,10 @@ class COSKeyTrigger(BaseTrigger):
         from emr_ray.hooks.cos_unchanged import check_unchanged, with_inactivity_metadata
 
         hook = COSHook(cos_conn_id=self.cos_conn_id)
+        if self.asset_state_store is not None:  # the triggerer runs this as an asset watcher
+            async for event in self.watch(hook):
+                yield event
+            return
         state = self.inactivity_state
         metadata_keys = self.metadata_keys
         if self.inactivity_period is not None:
@@ -116,3 +147,47 @@ class COSKeyTrigger(BaseTrigger):
                 return
             self.log.info("No match yet for %s; checking again in %ss", self.bucket_keys, self.poke_interval)
             await asyncio.sleep(self.poke_interval)
+
+    async def watch(self, hook: Any) -> AsyncIterator[TriggerEvent]:
+        """The asset-watcher loop: one event per object that matches and was not announced yet."""
+        from emr_ray.hooks.cos_keys import match_keys
+
+        store = self.asset_state_store
+        assert store is not None
+        announced = await store.aget(ANNOUNCED_KEY)
+        first_start = announced is None
+        seen: set[str] = set(announced or [])
+        while True:
+            try:
+                _, objects = await asyncio.to_thread(
+                    match_keys, hook, self.bucket_keys, self.bucket_name, wildcard_match=self.wildcard_match,
+                    use_regex=self.use_regex, metadata_keys=["Size", "LastModified"],
+                )  # fmt: skip
+            except Exception as e:  # a watcher outlives COS outages: log, and poll again
+                self.log.warning(
+                    "Watching %s: %s; polling again in %ss", self.bucket_keys, e, self.poke_interval
+                )
+                await asyncio.sleep(self.poke_interval)
+                continue
+            current = {_identity(obj): obj for obj in objects}
+            if first_start and not self.announce_existing:
+                self.log.info("Watching %s from now on: %d object(s) already there are not announced",
+                              self.bucket_keys, len(current))  # fmt: skip
+                seen = set(current)
+            else:
+                for ident in sorted(set(current) - seen, key=lambda i: current[i]["Key"]):
+                    obj = current[ident]
+                    self.log.info("New COS object %s", obj["Url"])
+                    yield TriggerEvent({"status": "success", "objects": [obj], "key": obj["Key"],
+                                        "partition": partition_of(obj["Key"])})  # fmt: skip
+                    seen.add(ident)
+                    await store.aset(ANNOUNCED_KEY, sorted(seen & set(current)))
+            if first_start or seen - set(current):
+                seen &= set(current)  # forget objects that are gone: the state stays as small as the listing
+                await store.aset(ANNOUNCED_KEY, sorted(seen))
+            first_start = False
+            await asyncio.sleep(self.poke_interval)
+
+
+def _identity(obj: dict[str, Any]) -> str:
+    return f"{obj['Bucket']}/{obj['Key']}@{obj.get('LastModified')}"

@@ -84,6 +84,7 @@ class RayJobTrigger(BaseTrigger):
             async with hook.async_jobs() as jobs:
                 while True:
                     job = await jobs.get_job(self.submission_id)
+                    await jobs.renew_staged_secrets(job)
                     step = next_step(
                         job, time.time(), deadline=self.deadline, pending_deadline=self.pending_deadline
                     )

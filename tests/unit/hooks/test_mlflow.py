@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from emr_ray.exceptions import MLflowRegistryError
+from emr_ray.exceptions import MLflowAuthError, MLflowRegistryError
 from emr_ray.hooks.mlflow import CREDENTIAL_ENV_VARS, MLflowHook, _strip_userinfo
+from emr_ray.mlflow_auth import refusal
 
 
 def _set_conn(monkeypatch: pytest.MonkeyPatch, conn_id: str = "mlflow_default", **fields: Any) -> None:
@@ -138,6 +139,112 @@ def test_without_credentials_the_environment_is_left_alone(monkeypatch: pytest.M
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "from-the-deployment")
     with MLflowHook().credentials():
         assert os.environ["MLFLOW_TRACKING_TOKEN"] == "from-the-deployment"
+
+
+def test_the_connection_form_names_the_login_and_the_token() -> None:
+    relabeling = MLflowHook.get_ui_field_behaviour()["relabeling"]
+    assert relabeling["login"] == "Username (basic auth; empty for a token)"
+    assert relabeling["password"] == "Password (basic auth), or the token when Username is empty"
+
+
+def test_login_and_password_become_basic_auth_and_the_password_is_masked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow.sdk._shared.secrets_masker import redact
+
+    _set_conn(monkeypatch, host="http://127.0.0.1:5999", login=" alice ", password="pw-unit-basic-1")
+    assert MLflowHook().credential_env() == {
+        "MLFLOW_TRACKING_USERNAME": "alice",
+        "MLFLOW_TRACKING_PASSWORD": "pw-unit-basic-1",
+    }
+    assert redact("sent pw-unit-basic-1 to MLflow") == "sent *** to MLflow"
+    assert redact("user alice") == "user alice"  # a user name is not a secret
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"password": "tok-unit-pw-2"}, {"extra": {"token": "tok-unit-pw-2"}}],
+    ids=["password without login", "extra token"],
+)
+def test_a_token_in_the_password_or_the_extra_becomes_a_bearer_token(
+    monkeypatch: pytest.MonkeyPatch, fields: dict[str, Any]
+) -> None:
+    from airflow.sdk._shared.secrets_masker import redact
+
+    _set_conn(monkeypatch, host="http://127.0.0.1:5999", **fields)
+    assert MLflowHook().credential_env() == {"MLFLOW_TRACKING_TOKEN": "tok-unit-pw-2"}
+    assert redact("Bearer tok-unit-pw-2") == "Bearer ***"
+
+
+def test_a_login_without_a_password_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    _set_conn(monkeypatch, "mlflow_half", host="http://127.0.0.1:5999", login="alice")
+    with pytest.raises(
+        MLflowAuthError, match="'mlflow_half' has login 'alice' but no password: set the password"
+    ):
+        MLflowHook("mlflow_half").credential_env()
+
+
+def test_no_credentials_give_an_empty_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    _set_conn(monkeypatch, host="http://127.0.0.1:5999")
+    assert MLflowHook().credential_env() == {}
+
+
+def _http_error(status: int) -> Exception:
+    import requests
+
+    response = requests.Response()
+    response.status_code = status
+    return requests.HTTPError(f"{status} Client Error", response=response)
+
+
+def test_refusals_are_told_apart_from_other_errors() -> None:
+    """MLflow's REST stores raise ``MlflowException`` with an error code; its ``mlflow-artifacts``
+    HTTP repository raises ``requests.HTTPError``. Only 401 and 403 are refusals."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos import databricks_pb2
+
+    def mlflow_error(code: int) -> Exception:
+        return MlflowException("refused", error_code=code)
+
+    assert refusal(mlflow_error(databricks_pb2.UNAUTHENTICATED)) == 401
+    assert refusal(mlflow_error(databricks_pb2.PERMISSION_DENIED)) == 403
+    assert refusal(mlflow_error(databricks_pb2.RESOURCE_DOES_NOT_EXIST)) is None
+    assert refusal(mlflow_error(databricks_pb2.TEMPORARILY_UNAVAILABLE)) is None
+    assert (refusal(_http_error(401)), refusal(_http_error(403)), refusal(_http_error(503))) == (
+        401,
+        403,
+        None,
+    )
+    assert refusal(ValueError("401")) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "message"),
+    [
+        ({}, 401, r"requires a login and the connection has none: set its login and password"),
+        ({"login": "alice", "password": "pw-unit-refused-3"}, 401, r"refused user 'alice': the connection's login or password is wrong"),
+        ({"password": "pw-unit-refused-3"}, 401, r"refused the connection's token: it is wrong or expired"),
+        ({"login": "alice", "password": "pw-unit-refused-3"}, 403, r"denied user 'alice' of connection 'mlflow_refused' permission"),
+    ],
+    ids=["anonymous", "wrong password", "wrong token", "no permission"],
+)  # fmt: skip
+def test_a_refusal_inside_the_credentials_names_the_connection_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, fields: dict[str, Any], status: int, message: str
+) -> None:
+    """What MLflow raises inside :meth:`MLflowHook.credentials` becomes ``MLflowAuthError``: an
+    ``AirflowFailException`` (no task retries), naming the connection, never holding the secret."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    _set_conn(monkeypatch, "mlflow_refused", host="http://bob:pw@127.0.0.1:5999", **fields)
+    hook = MLflowHook("mlflow_refused")
+    with pytest.raises(MLflowAuthError, match=message) as refused, hook.credentials():
+        raise _http_error(status)
+    text = str(refused.value)
+    assert isinstance(refused.value, AirflowFailException)
+    assert "http://127.0.0.1:5999" in text and "'mlflow_refused'" in text and f"{status})" in text
+    assert "pw-unit-refused-3" not in text and "bob:pw" not in text
+    with pytest.raises(ValueError, match="not a refusal"), hook.credentials():
+        raise ValueError("not a refusal")
 
 
 # ---------------------------------------------------------------------- registry
@@ -290,8 +397,8 @@ def test_every_registry_call_runs_inside_the_credentials(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No hook call leaves the connection's credentials in ``os.environ``; a variable the deployment
-    set is back as it was. A SQLite store reads no credentials, so whether each call *saw* them needs
-    a server that checks auth (issue #13); what ``credentials()`` sets is tested above."""
+    set is back as it was. A SQLite store reads no credentials: that each call *sent* them is shown against
+    an ``mlflow server --app-name basic-auth`` in ``tests/integration/test_mlflow_auth.py``."""
     _set_conn(
         monkeypatch,
         host=store.uri,

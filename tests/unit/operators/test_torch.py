@@ -58,3 +58,24 @@ def test_a_partition_that_is_not_a_date_fails_the_task_without_retries(monkeypat
     )
     with pytest.raises(AirflowFailException, match="is not a date like 2026-11-28"):
         op.execute({"ti": TaskInstance(), "ds": "2026-11-02"})
+
+
+def test_the_mlflow_login_goes_to_the_job_secrets_and_never_into_the_spec(monkeypatch, tmp_path):
+    """``job_secrets`` adds MLflow's variables to the base class's (COS keys only when the spec uses
+    COS); the spec, which becomes the job's entrypoint, holds the tracking URI and no secret."""
+    import json
+
+    from emr_ray.identity import TaskIdentity
+
+    conn = {"conn_type": "mlflow", "host": f"sqlite:///{tmp_path}/mlflow.db", "login": "alice",
+            "password": "pw-unit-torch-4"}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(conn))
+    op = make()
+    identity = TaskIdentity("d", "manual__1", "train", -1, 1)
+    spec = op.build_spec({"ds": "2026-11-02"}, identity).to_dict()
+    assert op.job_secrets({}, spec) == {
+        "MLFLOW_TRACKING_USERNAME": "alice",
+        "MLFLOW_TRACKING_PASSWORD": "pw-unit-torch-4",
+    }
+    assert "pw-unit-torch-4" not in json.dumps(spec)
+    assert spec["mlflow"]["tracking_uri"] == conn["host"]

@@ -1,0 +1,69 @@
+"""Event-driven retraining: a ``retrain_tabular`` run for each raw partition as soon as it lands.
+
+Instead of a daily schedule, an asset watcher (``COSKeyTrigger`` in the triggerer) watches for new
+``raw/dt=YYYY-MM-DD/_SUCCESS`` markers in COS. Each new marker is an asset event; this DAG runs on
+those events and triggers ``retrain_tabular`` once per landed partition, with the ``partition``
+param, so the partition is processed by the same DAG (pool, retries, promotion rules) as a manual
+run. Markers already there when the watcher first starts are history, not news: backfill those.
+
+The watched location is fixed when the DAG is parsed (a trigger's arguments are not templated), so
+it comes from the environment where Airflow parses DAGs: ``EMR_RAY_RAW_URI`` (default: the local
+demo bucket), and the ``cos`` connection ``EMR_RAY_WATCH_CONN_ID`` (default ``cos_default``).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Asset, AssetWatcher, task
+
+from emr_ray.params import history_start
+from emr_ray.triggers.cos import COSKeyTrigger
+
+RAW_URI = os.environ.get("EMR_RAY_RAW_URI", "cos://emr-ray-demo-1250000000/raw").rstrip("/")
+
+raw_partitions = Asset(
+    name="emr_ray_raw_partitions",
+    uri=RAW_URI,
+    watchers=[
+        AssetWatcher(
+            name="raw_partition_landed",
+            trigger=COSKeyTrigger(
+                bucket_keys=[f"{RAW_URI}/dt=*/_SUCCESS"],
+                wildcard_match=True,
+                cos_conn_id=os.environ.get("EMR_RAY_WATCH_CONN_ID", "cos_default"),
+                poke_interval=float(os.environ.get("EMR_RAY_WATCH_INTERVAL", "60")),
+            ),
+        )
+    ],
+)
+
+with DAG(
+    dag_id="retrain_on_arrival",
+    description="Trigger retrain_tabular for each raw partition as soon as its _SUCCESS lands in COS.",
+    schedule=[raw_partitions],
+    start_date=history_start(),
+    catchup=False,
+    tags=["emr-ray", "retraining", "event-driven"],
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "owner": "ml-platform"},
+    doc_md=__doc__,
+) as dag:
+
+    @task
+    def landed_partitions(triggering_asset_events=None) -> list[dict[str, str]]:
+        """The partitions of the asset events behind this run (several may have landed at once)."""
+        dates = {
+            (event.extra or {}).get("payload", {}).get("partition")
+            for events in (triggering_asset_events or {}).values()
+            for event in events
+        }
+        return [{"partition": day} for day in sorted(d for d in dates if d)]
+
+    TriggerDagRunOperator.partial(
+        task_id="retrain",
+        trigger_dag_id="retrain_tabular",
+        logical_date=None,
+        wait_for_completion=False,
+    ).expand(conf=landed_partitions())

@@ -1,0 +1,1 @@
+"""fsspec filesystems for Airflow's object storage (``ObjectStoragePath``): ``cos://``."""

@@ -1,0 +1,50 @@
+"""MLflow credentials as both sides see them: the environment variables and a refused request.
+
+MLflow's clients (tracking and registry REST stores, the ``mlflow-artifacts`` HTTP repository) read
+their credentials from ``MLFLOW_TRACKING_*`` environment variables at each request. The Airflow side
+sets them only around its calls (:meth:`emr_ray.hooks.mlflow.MLflowHook.credentials`); a Ray job gets
+them through the operator's secret channel (``RayJobOperator.job_secrets``). This module imports
+neither Airflow nor MLflow, so the cluster-side jobs share it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+USERNAME = "MLFLOW_TRACKING_USERNAME"
+PASSWORD = "MLFLOW_TRACKING_PASSWORD"
+TOKEN = "MLFLOW_TRACKING_TOKEN"
+INSECURE_TLS = "MLFLOW_TRACKING_INSECURE_TLS"
+#: Environment variables through which MLflow's REST and artifact clients read credentials.
+CREDENTIAL_ENV_VARS = (USERNAME, PASSWORD, TOKEN, INSECURE_TLS)
+
+#: MLflow error codes of a refused login (401) and of a refused permission (403).
+_UNAUTHENTICATED = ("UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED")
+_PERMISSION_DENIED = ("PERMISSION_DENIED",)
+
+
+def refusal(error: BaseException) -> int | None:
+    """
+    401 or 403 when ``error`` is MLflow refusing the request's credentials, else None.
+
+    Covers ``MlflowException`` (REST stores: its ``error_code``) and ``requests.HTTPError`` (the
+    ``mlflow-artifacts`` HTTP repository: its response's status). Neither is worth retrying.
+    """
+    code = getattr(error, "error_code", None)
+    if code in _UNAUTHENTICATED:
+        return 401
+    if code in _PERMISSION_DENIED:
+        return 403
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    return status if status in (401, 403) else None
+
+
+def present(env: Mapping[str, str] | None = None) -> str:
+    """What credentials ``env`` (default ``os.environ``) holds, for a message; never a secret."""
+    env = os.environ if env is None else env
+    if env.get(USERNAME):
+        return f"user {env[USERNAME]!r}" + ("" if env.get(PASSWORD) else " without a password")
+    if env.get(TOKEN):
+        return "a bearer token"
+    return "no credentials"

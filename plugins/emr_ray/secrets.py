@@ -1,0 +1,151 @@
+"""How a job's secrets reach its processes without showing on the cluster's pages (cluster side).
+
+A Ray job's ``runtime_env`` is public to anyone with the cluster's token: the Jobs API returns it,
+the dashboard shows it, and the runtime-env agent writes it whole into its log when it creates the
+environment. So secrets (COS keys, the MLflow login) never go there. Instead:
+
+1. The operator uploads them as one small blob through the Jobs API's package endpoint under a
+   random name (:mod:`emr_ray.hooks.ray_secrets`), and names only that reference in the job's
+   environment (:data:`SECRET_REF_ENV`). The cluster drops the blob by itself if no job takes it
+   (Ray's temporary reference on an uploaded package, 10 minutes by default; the operator renews
+   it while the job waits in PENDING).
+2. The job's driver takes it at start (:func:`take`): reads it, deletes it (single use), puts the
+   values into its own environment, and keeps a job-scoped copy for the job's other processes.
+3. A worker process of the job (Ray Train workers and controller, Ray Data tasks) calls
+   :func:`ensure_env` before it reads a secret from its environment. The copy lives as long as the
+   driver renews it (every minute, for :data:`COPY_TTL_SECONDS`) and is deleted when the driver
+   exits, so a driver killed hard leaves nothing behind for long.
+
+What a holder of the cluster's token can still do: run code on the cluster, and so read what a
+running job holds in memory. What it cannot do: read a secret from the job info, the dashboard,
+the cluster's logs, or after the job has ended.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import threading
+
+#: the environment variable that carries the reference to a job's staged secrets (not a secret)
+SECRET_REF_ENV = "EMR_RAY_SECRETS_REF"
+#: the package name prefix of staged secrets (``gcs://<prefix><random>.zip``)
+STAGED_PREFIX = "_emr_ray_secrets_"
+#: how long the job-scoped copy survives its driver (renewed every :data:`RENEW_SECONDS`)
+COPY_TTL_SECONDS = 300
+RENEW_SECONDS = 60
+
+log = logging.getLogger("emr_ray.secrets")
+_taken: dict[str, str] = {}
+
+
+class SecretsUnavailableError(RuntimeError):
+    """The staged secrets are gone: taken by another process, or dropped by the cluster."""
+
+
+def copy_key(ref: str) -> str:
+    """The job-scoped copy of the secrets staged under ``ref`` (a package URI, so the cluster
+    removes it when its temporary references lapse)."""
+    return f"gcs://_emr_ray_job_secrets_{hashlib.sha256(ref.encode()).hexdigest()[:32]}.zip"
+
+
+def take() -> dict[str, str]:
+    """In the job's driver, before anything else: fetch the staged secrets, delete them, export
+    them to this process's environment and keep the job-scoped copy for the job's workers.
+
+    Returns the names of what it exported (never the values). No reference: nothing to do.
+    """
+    ref = os.environ.get(SECRET_REF_ENV)
+    if not ref:
+        return {}
+    if ref in _taken:
+        return {name: "<set>" for name in json.loads(_taken[ref])}
+    kv = _connect()
+    blob = kv._internal_kv_get(ref)
+    if blob is None:
+        raise SecretsUnavailableError(
+            f"The secrets staged for this job ({ref}) are gone: the cluster drops staged secrets "
+            "that no job takes within its temporary-reference expiry (RAY_RUNTIME_ENV_TEMPORARY_"
+            "REFERENCE_EXPIRATION_S, 600 s by default), or another process took them. Retry the task: "
+            "each try stages its own."
+        )
+    kv._internal_kv_del(ref)
+    _export(blob)
+    key = copy_key(ref)
+    kv._internal_kv_put(key, blob)
+    _renew(key)
+    atexit.register(_forget, key)
+    _taken[ref] = blob.decode()
+    log.info("Took the job's secrets (%s); the staged copy is deleted", ", ".join(sorted(json.loads(blob))))
+    return {name: "<set>" for name in json.loads(blob)}
+
+
+def ensure_env() -> None:
+    """In any process of the job: make sure the job's secrets are in this process's environment.
+
+    A no-op outside a job that has staged secrets (the Airflow side, a job run by hand with its
+    secrets in the environment) and once done. Needs a connected Ray worker (any task or actor).
+    """
+    ref = os.environ.get(SECRET_REF_ENV)
+    if not ref or ref in _taken:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        return  # the driver before take(): take() is what exports them there
+    from ray.experimental import internal_kv
+
+    blob = internal_kv._internal_kv_get(copy_key(ref))
+    if blob is None:
+        raise SecretsUnavailableError(
+            f"This job's secrets are gone ({copy_key(ref)}): its driver has exited or stopped renewing "
+            "them. Retry the task."
+        )
+    _export(blob)
+    _taken[ref] = blob.decode()
+
+
+def _connect():  # noqa: ANN202 - ray's internal_kv module
+    import ray
+    from ray.experimental import internal_kv
+
+    if not ray.is_initialized():
+        ray.init(address="auto", logging_level=logging.WARNING)
+    return internal_kv
+
+
+def _export(blob: bytes) -> None:
+    values = json.loads(blob)
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        raise SecretsUnavailableError("The staged secrets are not a JSON object of strings.")
+    os.environ.update(values)
+
+
+def _renew(key: str) -> None:
+    """Pin the copy now and every :data:`RENEW_SECONDS` while this process lives (daemon thread)."""
+    from ray.experimental import internal_kv
+
+    internal_kv._pin_runtime_env_uri(key, expiration_s=COPY_TTL_SECONDS)
+
+    def loop() -> None:
+        stop = threading.Event()
+        while not stop.wait(RENEW_SECONDS):
+            try:
+                internal_kv._pin_runtime_env_uri(key, expiration_s=COPY_TTL_SECONDS)
+            except Exception as e:  # the driver is shutting down
+                log.debug("Could not renew %s: %s", key, e)
+                return
+
+    threading.Thread(target=loop, name="emr-ray-secrets-renew", daemon=True).start()
+
+
+def _forget(key: str) -> None:
+    try:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_del(key)
+    except Exception as e:  # Ray already shut down: the pin lapses within COPY_TTL_SECONDS
+        log.debug("Could not delete %s at exit: %s", key, e)

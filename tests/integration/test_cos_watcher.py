@@ -1,0 +1,106 @@
+"""COSKeyTrigger as an asset watcher: one event per partition that lands, none repeated across a
+restart of the triggerer, none lost while it was down. Against the COS stand-in.
+
+The asset state store is a dict here (:class:`DictStateStore`): Airflow's own store talks to the
+triggerer's supervisor, which only a running triggerer has. The live test in
+``test_airflow_live.py`` runs the watcher in a real triggerer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from emr_ray.hooks.cos import COSHook
+from emr_ray.triggers.cos import ANNOUNCED_KEY, COSKeyTrigger, partition_of
+
+pytestmark = pytest.mark.integration
+
+
+class DictStateStore:
+    """The ``aget``/``aset`` of Airflow's asset state store, kept in a dict."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+
+    async def aget(self, key, default=None):
+        return self.values.get(key, default)
+
+    async def aset(self, key, value) -> None:
+        self.values[key] = value
+
+
+def watcher(prefix: str, store: DictStateStore, **kwargs) -> COSKeyTrigger:
+    trigger = COSKeyTrigger([f"{prefix}raw/dt=*/_SUCCESS"], wildcard_match=True, poke_interval=0.1, **kwargs)
+    trigger.asset_state_store = store
+    return trigger
+
+
+def events_while(trigger: COSKeyTrigger, action=None, seconds: float = 1.5) -> list[dict]:
+    """Run the watcher for ``seconds`` (doing ``action`` after its first poll); its events' payloads."""
+
+    async def go() -> list[dict]:
+        events: list[dict] = []
+
+        async def collect() -> None:
+            async for event in trigger.run():
+                events.append(event.payload)
+
+        task = asyncio.create_task(collect())
+        await asyncio.sleep(0.5)
+        if action:
+            await asyncio.to_thread(action)
+        await asyncio.sleep(seconds)
+        task.cancel()
+        return events
+
+    return asyncio.run(go())
+
+
+def land(hook: COSHook, prefix: str, day: str) -> None:
+    hook.upload_bytes(b"x", f"{prefix}raw/dt={day}/part-0.parquet")
+    hook.upload_bytes(b"", f"{prefix}raw/dt={day}/_SUCCESS")
+
+
+def test_each_landed_partition_is_announced_once_across_restarts(cos_conn, cos_prefix):
+    hook, store = COSHook(cos_conn), DictStateStore()
+    land(hook, cos_prefix, "2026-11-28")  # there before the watcher: history, not news
+
+    first = events_while(watcher(cos_prefix, store), lambda: land(hook, cos_prefix, "2026-11-29"))
+    assert [e["partition"] for e in first] == ["2026-11-29"]
+    assert first[0]["key"] == f"{cos_prefix}raw/dt=2026-11-29/_SUCCESS"
+
+    land(hook, cos_prefix, "2026-11-30")  # lands while the triggerer is down
+    second = events_while(watcher(cos_prefix, store), lambda: land(hook, cos_prefix, "2026-12-01"))
+    assert [e["partition"] for e in second] == ["2026-11-30", "2026-12-01"]
+    assert len(store.values[ANNOUNCED_KEY]) == 4
+
+
+def test_a_relanded_partition_is_announced_again(cos_conn, cos_prefix):
+    hook, store = COSHook(cos_conn), DictStateStore()
+    land(hook, cos_prefix, "2026-11-29")
+    events_while(watcher(cos_prefix, store), seconds=0.3)
+
+    def reland() -> None:
+        import time
+
+        time.sleep(1.1)  # LastModified has a one-second resolution
+        hook.upload_bytes(b"", f"{cos_prefix}raw/dt=2026-11-29/_SUCCESS")
+
+    again = events_while(watcher(cos_prefix, store), reland, seconds=2)
+    assert [e["partition"] for e in again] == ["2026-11-29"]
+
+
+def test_announce_existing_backfills_what_is_already_there(cos_conn, cos_prefix):
+    hook = COSHook(cos_conn)
+    land(hook, cos_prefix, "2026-11-27")
+    land(hook, cos_prefix, "2026-11-28")
+    events = events_while(watcher(cos_prefix, DictStateStore(), announce_existing=True), seconds=0.5)
+    assert [e["partition"] for e in events] == ["2026-11-27", "2026-11-28"]
+
+
+def test_partition_dates_are_read_from_keys():
+    assert partition_of("raw/dt=2026-12-01/_SUCCESS") == "2026-12-01"
+    assert partition_of("dt=2026-12-01/_SUCCESS") == "2026-12-01"
+    assert partition_of("raw/xdt=2026-12-01/_SUCCESS") is None

@@ -1,0 +1,76 @@
+"""A job's secrets reach its driver and its worker processes, and no page or log of the cluster.
+
+Against the real local Ray head (token auth) and the COS stand-in: the COS SecretKey of the ``cos``
+connection is the secret followed here. What a holder of the cluster's token can read is checked
+the way they would read it: the Jobs API (job list, job info, job logs), the dashboard's state API
+(tasks, actors), and every file in the cluster's own log folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from devstack.constants import SECRET_KEY
+from devstack.ray_head import ray_temp_dir
+from emr_ray.hooks.ray import RayHook
+from emr_ray.operators.ray import RayJobOperator
+from emr_ray.secrets import SECRET_REF_ENV, copy_key
+from tests.integration.test_ray_jobs import FakeTaskInstance
+
+pytestmark = pytest.mark.integration
+
+SECRET_NAMES = ["EMR_RAY_COS_SECRET_ID", "EMR_RAY_COS_SECRET_KEY"]
+_PAGES = ["/api/jobs/", "/api/v0/tasks?detail=true&limit=10000", "/api/v0/actors?detail=true&limit=10000"]
+
+
+def _run_probe(ray_conn: str, cos_conn: str, cos_prefix: str) -> tuple[dict, str]:
+    ti = FakeTaskInstance("secrets_probe")
+    op = RayJobOperator(
+        task_id="secrets_probe",
+        spec={"payload": f"cos://emr-ray-demo-1250000000/{cos_prefix}in", "secret_probe": SECRET_NAMES},
+        ray_conn_id=ray_conn,
+        cos_conn_id=cos_conn,
+        poll_interval=0.5,
+    )
+    return op.execute({"ti": ti}), op._submission_id
+
+
+def test_cos_keys_reach_the_driver_and_a_worker_and_no_page_or_log(
+    ray_cluster, ray_conn, cos_conn, cos_prefix
+):
+    result, submission_id = _run_probe(ray_conn, cos_conn, cos_prefix)
+
+    want = hashlib.sha256(SECRET_KEY.encode()).hexdigest()
+    assert result["secret_digests"]["driver"]["EMR_RAY_COS_SECRET_KEY"] == want
+    assert result["secret_digests"]["worker"]["EMR_RAY_COS_SECRET_KEY"] == want
+    assert result["secret_digests"]["worker"]["EMR_RAY_COS_SECRET_ID"] is not None
+
+    hook = RayHook(ray_conn)
+    job = hook.get_job(submission_id)
+    env = job["runtime_env"].get("env_vars", {})
+    assert not set(SECRET_NAMES) & set(env), "secret names in the runtime_env"
+    readable = [json.dumps(job), hook.get_job_logs(submission_id), job["entrypoint"]]
+    readable += [hook._request("GET", page).text for page in _PAGES]
+    for text in readable:
+        assert SECRET_KEY not in text
+
+    logs = [p for p in ray_temp_dir(ray_cluster.state_dir).rglob("*") if p.is_file() and "logs" in p.parts]
+    assert any(p.name.startswith("runtime_env_agent") for p in logs), "the cluster's log folder was not found"
+    leaking = [str(p) for p in logs if SECRET_KEY.encode() in _read(p)]
+    assert leaking == []
+
+    # single use: the staged blob was taken, and the job-scoped copy went with the driver
+    ref = env[SECRET_REF_ENV]
+    for uri in (ref, copy_key(ref)):
+        assert hook._request("GET", "/api/packages/gcs/" + uri.removeprefix("gcs://"), allow_404=True) is None
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
