@@ -69,27 +69,66 @@ def input_files(uri: str, options: storage.StorageOptions) -> list[str]:
 def read_partition(spark, uri: str, files: list[str], options: storage.StorageOptions):
     """A committed input partition as a Spark DataFrame: exactly the validated ``files``.
 
-    COS goes through Ray Data (Spark here has no S3A); ``file://`` and ``hdfs://`` through Spark's own
-    Hadoop client (see :func:`emr_ray.storage.spark_hadoop_configs` for hdfs on a WebHDFS endpoint).
+    COS is read by the Spark executors themselves with pyarrow (Spark here has no S3A): one Spark
+    task per file, Arrow batches straight into Spark (``mapInArrow``). No Ray task is involved, so
+    the job needs no CPU beyond what its executors hold: two jobs whose executors fill the cluster
+    both run (Ray tasks, which ask for a CPU, waited forever there). ``file://`` and ``hdfs://`` go
+    through Spark's own Hadoop client (see :func:`emr_ray.storage.spark_hadoop_configs`).
     """
     scheme, _ = storage.split_uri(uri)
-    if scheme == "cos":
-        import ray.data
+    if scheme != "cos":
+        return spark.read.parquet(*[storage.qualify(uri, f) for f in files])
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-        fsys = storage.filesystem(uri, options)
-        return ray.data.read_parquet(files, filesystem=fsys, partitioning=None).to_spark(spark)
-    return spark.read.parquet(*[storage.qualify(uri, f) for f in files])
+    fsys = storage.filesystem(uri, options)
+    schema = from_arrow_schema(pq.read_schema(files[0], filesystem=fsys))  # every file was validated
+
+    def read(batches):
+        import pyarrow.parquet as pq
+
+        for batch in batches:
+            for path in batch.column("path").to_pylist():
+                yield from pq.read_table(path, filesystem=fsys).to_batches()
+
+    paths = spark.createDataFrame([(f,) for f in files], "path string").repartition(len(files))
+    return paths.mapInArrow(read, schema)
 
 
 def write_output(df, uri: str, options: storage.StorageOptions) -> None:
-    """Write ``df`` as Parquet under ``uri`` (a staging prefix; the caller commits it)."""
-    scheme, path = storage.split_uri(uri)
-    if scheme == "cos":
-        import ray.data
+    """Write ``df`` as Parquet under ``uri`` (a staging prefix; the caller commits it).
 
-        ray.data.from_spark(df).write_parquet(path, filesystem=storage.filesystem(uri, options))
-    else:
+    To COS, each Spark task writes its partition as ``part-<partition>.parquet`` with pyarrow: a
+    retried task overwrites its own file, so a retry never adds rows. An empty DataFrame still
+    leaves one (empty) file with its schema.
+    """
+    scheme, path = storage.split_uri(uri)
+    if scheme != "cos":
         df.write.mode("overwrite").parquet(storage.qualify(uri, path))
+        return
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    fsys = storage.filesystem(uri, options)
+    arrow_schema = to_arrow_schema(df.schema)
+
+    def write(batches):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        name = f"{path}/part-{TaskContext.get().partitionId():05d}.parquet"
+        writer = None
+        for batch in batches:
+            if batch.num_rows:
+                writer = writer or pq.ParquetWriter(name, batch.schema, filesystem=fsys)
+                writer.write_batch(batch)
+        if writer is not None:
+            writer.close()
+            yield pa.RecordBatch.from_pylist([{"file": name}])
+
+    if not df.mapInArrow(write, "file string").collect():
+        pq.write_table(arrow_schema.empty_table(), f"{path}/part-00000.parquet", filesystem=fsys)
 
 
 def validate_columns(df, required: list[str], uri: str) -> None:
