@@ -126,6 +126,7 @@ def get_provider_info() -> dict:
                 "integration-name": "Ray",
                 "python-modules": [
                     "emr_ray.operators.ray",
+                    "emr_ray.operators.ray_check",
                     "emr_ray.operators.raydp",
                     "emr_ray.operators.torch",
                 ],
