@@ -15,9 +15,11 @@ from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.operators.torch import TorchTrainOperator
 from emr_ray.params import (
+    MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
     committed_generation,
     committed_output,
+    daily_partitions,
     history_start,
     pipeline_params,
 )
@@ -33,10 +35,10 @@ STAGED = f"{STAGING}/digits/dt={PARTITION}"
 with DAG(
     dag_id="retrain_digits",
     description="Retrain the digits CNN on the day's partition and promote it if it beats the champion.",
-    schedule="@daily",
+    schedule=daily_partitions(),  # one run per completed day
     start_date=history_start(),
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=MAX_ACTIVE_RUNS,  # the ray_cluster pool guards the cluster
     tags=["emr-ray", "retraining", "images"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={

@@ -2,7 +2,8 @@
 Spark on Ray, train with Ray Train, register in MLflow and promote by alias only when better.
 
 The partition is the run's logical date, or the ``partition`` param of a manual run (see
-``emr_ray.params.PARTITION_TEMPLATE``).
+``emr_ray.params.PARTITION_TEMPLATE``). A scheduled run owns the day that has completed: the run made
+at midnight of 2026-12-01 processes 2026-11-30 (``emr_ray.params.daily_partitions``).
 Storage locations come from Airflow Variables (``emr_ray_raw_uri``, ``emr_ray_staging_uri``,
 ``emr_ray_checkpoint_uri``), so the same file runs on the embedded demo and on a real cluster.
 """
@@ -19,9 +20,11 @@ from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.operators.torch import TorchTrainOperator
 from emr_ray.params import (
+    MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
     committed_generation,
     committed_output,
+    daily_partitions,
     history_start,
     pipeline_params,
 )
@@ -38,10 +41,10 @@ STAGED = f"{STAGING}/tabular/dt={PARTITION}"
 with DAG(
     dag_id="retrain_tabular",
     description="Retrain the tabular MLP on the day's partition and promote it if it beats the champion.",
-    schedule="@daily",
+    schedule=daily_partitions(),  # one run per completed day
     start_date=history_start(),
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=MAX_ACTIVE_RUNS,  # the ray_cluster pool guards the cluster
     tags=["emr-ray", "retraining", "tabular"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     # Airflow 3's successor of SLAs: warn (the run goes on) when a run is not done 3 hours after it was queued

@@ -1,9 +1,17 @@
 """A running local Airflow on the embedded stack: API server (UI + REST), scheduler, DAG processor and
 triggerer, all on 127.0.0.1, log servers off. Used by ``make airflow`` and the live-Airflow tests.
+
+In production shape: the metadata database is the stack's PostgreSQL when it runs one
+(``LocalStack(postgres=True)``); the LocalExecutor runs up to :data:`PARALLELISM` tasks at once, so
+runs of different dates overlap as far as the pools and ``max_active_runs`` let them; operators
+defer by default (``[operators] default_deferrable``), so a task waiting on a Ray job holds no
+worker slot, only its pool slot (the pools count deferred tasks). A component can be SIGKILLed and
+started again (:meth:`LocalAirflow.kill`, :meth:`LocalAirflow.restart`), as a crashed pod would be.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from devstack.stack import LocalStack
 
 USER = "admin"
@@ -24,14 +34,33 @@ COMPONENTS = {
     "dag-processor": ["dag-processor"],
     "triggerer": ["triggerer", "--skip-serve-logs"],
 }
+#: task slots of the LocalExecutor: what runs at once is then decided by the pools and the DAGs
+PARALLELISM = 4
+#: CPUs one Ray task of the example DAGs needs on the local head: a preprocessing task's executor
+#: core plus the free CPU its COS read needs, or a training task's two 1-CPU workers (the default)
+CPUS_PER_RAY_TASK = 2
+
+
+def ray_pool_slots(num_cpus: float, num_gpus: float = 0, *, cpus_per_task: float = CPUS_PER_RAY_TASK,
+                   gpus_per_task: float = 0) -> int:  # fmt: skip
+    """Size of the ``ray_cluster`` pool: as many Ray tasks as fit the cluster at once, never 0.
+
+    Each Ray task must find its whole request free, or two half-started tasks can wait on each other
+    forever (two RayDP jobs on a 2-CPU head each hold an executor's CPU while their COS read waits
+    for a third). So: ``min(CPUs // cpus_per_task, GPUs // gpus_per_task)``, at least 1.
+    """
+    slots = int(num_cpus // cpus_per_task)
+    if gpus_per_task:
+        slots = min(slots, int(num_gpus // gpus_per_task))
+    return max(1, slots)
 
 
 @dataclass
 class LocalAirflow:
     """The four Airflow processes, started and stopped by PID (never orphaned).
 
-    A component that exits while the stack is up is started again, as systemd or Kubernetes would
-    (on SQLite the scheduler can die on a row another process rolled back); ``restarts`` counts them.
+    A component that exits while the stack is up is started again, as systemd or Kubernetes would;
+    ``restarts`` counts them. One that :meth:`kill` took down stays down until :meth:`restart`.
     """
 
     stack: LocalStack
@@ -40,6 +69,8 @@ class LocalAirflow:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stopping: threading.Event = field(default_factory=threading.Event)
+    _down: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def url(self) -> str:
@@ -54,10 +85,17 @@ class LocalAirflow:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": "3",
+            "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
+            # a task waiting on a Ray job (or on a COS key) waits in the triggerer, not in a worker slot
+            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+            # a scheduler that died is seen dead after scheduler_health_check_threshold (30 s); its
+            # queued and running tasks are then reset at the next check (default every 300 s)
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "60",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            # retrain_on_arrival's asset watcher lists COS this often (its DAG reads it when parsed)
+            "EMR_RAY_WATCH_INTERVAL": os.environ.get("EMR_RAY_WATCH_INTERVAL", "10"),
         }  # fmt: skip
 
     def _airflow(self, *args: str) -> subprocess.CompletedProcess:
@@ -67,10 +105,13 @@ class LocalAirflow:
     def start(self, timeout: float = 240) -> LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         self._airflow("db", "migrate")
-        # Every Ray-heavy task takes the one slot: runs queue instead of oversubscribing the cluster.
-        self._airflow("pools", "set", "ray_cluster", "1", "Tasks that run Ray jobs on the local cluster")
+        # Ray tasks take a slot each, deferred ones too: runs queue instead of oversubscribing the cluster.
+        slots = ray_pool_slots(self.stack.num_cpus)
+        self._airflow("pools", "set", "ray_cluster", str(slots), "Tasks that run Ray jobs on the local cluster",
+                      "--include-deferred")  # fmt: skip
         # Promotions of a model one at a time: each decides against the champion the previous one left.
-        self._airflow("pools", "set", "mlflow_promotion", "1", "Model promotions, one at a time")
+        self._airflow("pools", "set", "mlflow_promotion", "1", "Model promotions, one at a time",
+                      "--include-deferred")  # fmt: skip
         logs = self.home / "logs"
         logs.mkdir(exist_ok=True)
         for name in COMPONENTS:
@@ -104,12 +145,39 @@ class LocalAirflow:
 
     def _supervise(self) -> None:
         while not self._stopping.wait(5):
-            for name, process in list(self.processes.items()):
-                if process.poll() is not None and not self._stopping.is_set():
-                    self.restarts[name] = self.restarts.get(name, 0) + 1
-                    print(f"Airflow {name} exited with {process.returncode}; starting it again "
-                          f"(see {self.home / 'logs' / name}.log)", file=sys.stderr, flush=True)  # fmt: skip
-                    self._launch(name)
+            with self._lock:
+                for name, process in list(self.processes.items()):
+                    if process.poll() is not None and name not in self._down and not self._stopping.is_set():
+                        self.restarts[name] = self.restarts.get(name, 0) + 1
+                        print(f"Airflow {name} exited with {process.returncode}; starting it again "
+                              f"(see {self.home / 'logs' / name}.log)", file=sys.stderr, flush=True)  # fmt: skip
+                        self._launch(name)
+
+    def pid(self, name: str) -> int:
+        """The pid of component ``name``'s main process (``api-server``, ``scheduler``, ...)."""
+        process = self.processes[name]
+        if process.poll() is not None:
+            raise RuntimeError(f"Airflow {name} is not running (exit {process.returncode})")
+        return process.pid
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Take component ``name`` down as a crash would (a killed pod): ``sig`` to its main process and
+        every process under it (LocalExecutor workers, task supervisors and task runners, the trigger
+        runner), which leaves the database as the crash left it. It stays down until :meth:`restart`."""
+        with self._lock:
+            self._down.add(name)
+            process = self.processes[name]
+            _signal_tree(process.pid, sig)
+            process.wait(timeout=30)
+
+    def restart(self, name: str) -> int:
+        """Start component ``name`` again (after :meth:`kill`); returns its new pid."""
+        with self._lock:
+            if self.processes[name].poll() is None:
+                raise RuntimeError(f"Airflow {name} is still running (pid {self.processes[name].pid})")
+            self._down.discard(name)
+            self._launch(name)
+            return self.processes[name].pid
 
     def password(self) -> str:
         generated = self.home / "simple_auth_manager_passwords.json.generated"
@@ -123,15 +191,41 @@ class LocalAirflow:
             return json.loads(response.read())["access_token"]
 
     def stop(self) -> None:
-        """SIGTERM each component's process group, then SIGKILL what is left."""
+        """SIGTERM each component's process group, then SIGKILL what is left of it, task runners (each
+        in a process group of its own) included."""
         self._stopping.set()
-        for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-        self.processes.clear()
+        with self._lock:
+            tree = [p for process in self.processes.values() for p in _tree(process.pid)]
+            for process in self.processes.values():
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            for process in self.processes.values():
+                try:
+                    process.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=10)
+            _, alive = psutil.wait_procs(tree, timeout=max(1.0, deadline - time.monotonic()))
+            for leftover in alive:
+                with contextlib.suppress(psutil.Error):
+                    leftover.kill()
+            self.processes.clear()
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and all its descendants (those that still run)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal_tree(pid: int, sig: signal.Signals) -> None:
+    """``sig`` to ``pid`` and its descendants, children first seen, all in one pass (none gets to react)."""
+    tree = _tree(pid)
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(sig)
+    psutil.wait_procs(tree[1:], timeout=10)

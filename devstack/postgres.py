@@ -144,7 +144,11 @@ class LocalPostgres:
             settings["listen_addresses"] = ""
         else:
             self.port = self.port or _free_port()
-            settings |= {"listen_addresses": "127.0.0.1", "port": str(self.port), "unix_socket_directories": ""}
+            settings |= {
+                "listen_addresses": "127.0.0.1",
+                "port": str(self.port),
+                "unix_socket_directories": "",
+            }
         argv = [*prefix, str(bin_dir() / "postgres"), "-D", str(self.data_dir)]
         for key, value in settings.items():
             argv += ["-c", f"{key}={value}"]
@@ -174,7 +178,9 @@ class LocalPostgres:
             argv += ["--auth-host=scram-sha-256", f"--pwfile={self.root / 'password'}"]
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"initdb failed in {self.data_dir}: {done.stderr.strip() or done.stdout[-500:]}")
+            raise RuntimeError(
+                f"initdb failed in {self.data_dir}: {done.stderr.strip() or done.stdout[-500:]}"
+            )
 
     def _create_databases(self) -> None:
         import psycopg2

@@ -6,6 +6,12 @@ Airflow home, all on 127.0.0.1 and all under one state folder.
 ``mlflow_ui_port`` it also serves the MLflow UI (``mlflow server`` over the same SQLite store and
 artifact folder) and gives the ``mlflow_default`` connection its ``ui_url``, so tasks store links
 to their run and model version pages.
+
+With ``postgres=True`` it also runs a PostgreSQL server (:mod:`devstack.postgres`, data under
+``<root>/postgres``, on a Unix socket) and Airflow's metadata database is its ``airflow`` database, as
+in production; with ``mlflow_on_postgres=True`` MLflow's tracking store is its ``mlflow`` database.
+Otherwise both are SQLite files under ``root``. An ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` set in the
+environment always wins. ``airflow dags test`` (:meth:`LocalStack.dags_test_env`) always uses SQLite.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devstack import airflow_db
 from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
+from devstack.postgres import LocalPostgres
 from devstack.ray_head import LocalRay, start_head, stop_head
 
 
@@ -35,6 +43,8 @@ class LocalStack:
     :param dashboard_port: the Ray dashboard's (and Jobs API's) port on 127.0.0.1, when this stack
         starts the head.
     :param mlflow_ui_port: serve the MLflow UI on 127.0.0.1 at this port (None: no UI, no links).
+    :param postgres: run a PostgreSQL server for Airflow's metadata database (else SQLite).
+    :param mlflow_on_postgres: MLflow's tracking store in that server's ``mlflow`` database (else SQLite).
     """
 
     root: Path
@@ -44,9 +54,12 @@ class LocalStack:
     ray: LocalRay | None = None
     dashboard_port: int = 8265
     mlflow_ui_port: int | None = None
+    postgres: bool = False
+    mlflow_on_postgres: bool = False
     _owns_ray: bool = field(default=False, repr=False)
     _owns_cos: bool = field(default=False, repr=False)
     _mlflow_ui: subprocess.Popen | None = field(default=None, repr=False)
+    _postgres: LocalPostgres | None = field(default=None, repr=False)
 
     def start(self) -> LocalStack:
         from devstack.cos_server import CosStandIn
@@ -64,6 +77,10 @@ class LocalStack:
                 self.root / "ray", num_cpus=self.num_cpus, dashboard_port=self.dashboard_port
             )
             self._owns_ray = True
+        airflow_on_postgres = self.postgres and not airflow_db.user_conn(dict(os.environ))
+        if (airflow_on_postgres or self.mlflow_on_postgres) and self._postgres is None:
+            databases = ("airflow", "mlflow") if self.mlflow_on_postgres else ("airflow",)
+            self._postgres = LocalPostgres(self.root / "postgres", databases=databases).start()
         if self.mlflow_ui_port is not None and self._mlflow_ui is None:
             self._mlflow_ui = self._start_mlflow_ui(self.mlflow_ui_port)
         return self
@@ -118,10 +135,22 @@ class LocalStack:
             stop_head(self.root / "ray")
         if self._owns_cos:
             self.cos.stop()
+        if self._postgres is not None:  # last: whatever ran on this stack is stopped by now
+            self._postgres.stop()
+            self._postgres = None
 
     # -- addresses --------------------------------------------------------------------------------
     @property
+    def postgres_server(self) -> LocalPostgres:
+        """The running PostgreSQL server (``postgres`` or ``mlflow_on_postgres``, after ``start()``)."""
+        if self._postgres is None:
+            raise RuntimeError("this stack runs no PostgreSQL server (postgres=True, then start())")
+        return self._postgres
+
+    @property
     def tracking_uri(self) -> str:
+        if self.mlflow_on_postgres:
+            return self.postgres_server.url("mlflow")  # psycopg2: SQLAlchemy 2.1 would pick psycopg 3
         return f"sqlite:///{self.root / 'mlflow' / 'mlflow.db'}"
 
     @property
@@ -180,7 +209,7 @@ class LocalStack:
             "mlflow_default": {
                 "conn_type": "mlflow",
                 "host": self.tracking_uri,
-                # ui_url: the tracking store is SQLite, so links need the UI's own address
+                # ui_url: the tracking URI is a database, so links need the UI's own address
                 "extra": {"artifact_location": self.artifact_root}
                 | ({"ui_url": self.mlflow_ui_url} if self.mlflow_ui_url else {}),
             },
@@ -188,20 +217,27 @@ class LocalStack:
 
     def dags_test_env(self) -> dict[str, str]:
         """:meth:`airflow_env` for ``airflow dags test``, which in Airflow 3.3.2 cannot finish a run of
-        a DAG with a deadline: deadlines off (see ``emr_ray.deadlines.warn_after``)."""
-        return self.airflow_env() | {"EMR_RAY_DEADLINES": "off"}
+        a DAG with a deadline: deadlines off (see ``emr_ray.deadlines.warn_after``). OpenLineage events
+        (one JSON per line) go to ``<root>/openlineage.jsonl`` (:mod:`emr_ray.lineage`)."""
+        transport = {"type": "file", "log_file_path": str(self.root / "openlineage.jsonl"), "append": True}
+        return self.airflow_env(sqlite=True) | {
+            "EMR_RAY_DEADLINES": "off",
+            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
+            "AIRFLOW__OPENLINEAGE__NAMESPACE": "emr-ray-local",
+        }
 
-    def airflow_env(self) -> dict[str, str]:
-        """Environment for Airflow processes (CLI, ``dags test``, scheduler) running on this stack."""
+    def airflow_env(self, *, sqlite: bool = False) -> dict[str, str]:
+        """Environment for Airflow processes (CLI, ``dags test``, scheduler) running on this stack.
+
+        :param sqlite: SQLite in ``AIRFLOW_HOME`` even when this stack runs PostgreSQL (``dags test``).
+        """
         env = {
             "AIRFLOW_HOME": str(self.root / "airflow"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.project_root / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.project_root / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "4",
-            # several processes share the SQLite file: wait for its lock instead of failing requests
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "devstack.airflow_db.CONNECT_ARGS",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "devstack.airflow_db.CONNECT_ARGS",
+            **self.airflow_db_env(sqlite=sqlite),
             "AIRFLOW_VAR_EMR_RAY_RAW_URI": self.raw_uri,
             "AIRFLOW_VAR_EMR_RAY_DIGITS_RAW_URI": self.digits_raw_uri,
             "AIRFLOW_VAR_EMR_RAY_STAGING_URI": self.staging_uri,
@@ -214,3 +250,14 @@ class LocalStack:
         for conn_id, conn in self.connections().items():
             env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
         return env
+
+    def airflow_db_env(self, *, sqlite: bool = False) -> dict[str, str]:
+        """Airflow's metadata database settings: the user's ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``
+        (or ``_CMD``, ``_SECRET``) when set, else this stack's PostgreSQL when it runs one (and not
+        ``sqlite``), else Airflow's default SQLite file in ``AIRFLOW_HOME``."""
+        if airflow_db.user_conn(dict(os.environ)):
+            mine = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+            return airflow_db.sqlite_env() if mine.startswith("sqlite") else {}
+        if self.postgres and not sqlite:
+            return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres_server.url("airflow")}
+        return airflow_db.sqlite_env()

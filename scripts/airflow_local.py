@@ -1,9 +1,13 @@
 """`make airflow` (namespace side): the embedded stack plus a running Airflow, until Ctrl-C.
 
-Starts the COS stand-in (with two weeks of sample partitions), a Ray head, the MLflow UI
-(``mlflow server`` over the stack's tracking store) and Airflow's API server (UI and REST),
-scheduler, DAG processor and triggerer on 127.0.0.1, then prints the three addresses and the
-logins. Stops every component by PID on exit. State: ``.state/airflow-local``.
+Starts the COS stand-in (with two weeks of sample partitions), a Ray head, a PostgreSQL server (on a
+Unix socket; Airflow's metadata database and MLflow's tracking store, each its own database), the
+MLflow UI (``mlflow server`` over that tracking store) and Airflow's API server (UI and REST),
+scheduler (LocalExecutor), DAG processor and triggerer on 127.0.0.1, then prints the three addresses
+and the logins. Stops every component by PID on exit. State: ``.state/airflow-local``.
+
+An ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` set in the environment wins: Airflow then uses that
+database (MLflow stays on the embedded server).
 
 The ports are ``AIRFLOW_PORT`` (8080), ``RAY_DASHBOARD_PORT`` (8265) and ``MLFLOW_UI_PORT`` (5000).
 When ``EMR_RAY_FORWARD_DIR`` is set (``scripts/airflow.sh`` sets it), each port is also carried out
@@ -21,6 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
+from devstack import airflow_db
 from devstack.airflow import USER, LocalAirflow
 from devstack.forward import expose
 from devstack.stack import LocalStack
@@ -49,7 +54,8 @@ def main() -> int:
 
 def run() -> int:
     port = ports()
-    stack = LocalStack(STATE, PROJECT, dashboard_port=port["ray"], mlflow_ui_port=port["mlflow"])
+    stack = LocalStack(STATE, PROJECT, dashboard_port=port["ray"], mlflow_ui_port=port["mlflow"],
+                       postgres=True, mlflow_on_postgres=True)  # fmt: skip
     airflow = LocalAirflow(stack, STATE / "airflow", port=port["airflow"])
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -58,7 +64,9 @@ def run() -> int:
         forward_dir = os.environ.get("EMR_RAY_FORWARD_DIR")
         if forward_dir:  # before the servers start: the host side answers as soon as each one does
             expose(forward_dir, port.values())
-        print("==> Starting the COS stand-in, a Ray head and the MLflow UI on 127.0.0.1", flush=True)
+        print(
+            "==> Starting the COS stand-in, a Ray head, PostgreSQL and the MLflow UI on 127.0.0.1", flush=True
+        )
         stack.start()
         from include.data import digits, synthetic
 
@@ -77,7 +85,13 @@ def run() -> int:
         print(f"    MLflow UI                {stack.mlflow_ui_url}")
         print("    The Ray dashboard asks for its token once per browser (a cookie keeps it for 30 days);")
         print(f"    it is also in {ray.state_dir / 'auth_token'}.")
-        print(f"\n    Logs                     {airflow.home / 'logs'}")
+        own = airflow_db.user_conn(dict(os.environ))
+        database = (
+            "yours (AIRFLOW__DATABASE__SQL_ALCHEMY_CONN)" if own else stack.postgres_server.url("airflow")
+        )
+        print(f"\n    Airflow database         {database}")
+        print(f"    MLflow tracking store    {stack.tracking_uri}")
+        print(f"    Logs                     {airflow.home / 'logs'}")
         print(f"    Sample partitions        {first} .. yesterday, in {stack.raw_uri}")
         print("\nPress Ctrl-C to stop.", flush=True)
         stop.wait()

@@ -44,6 +44,7 @@ pytest_plugins = [
     "tests.fixtures.ray",
     "tests.fixtures.pipeline",
     "tests.fixtures.hdfs",
+    "tests.fixtures.airflow_live",
 ]
 
 
@@ -60,6 +61,10 @@ def airflow_db() -> Path:
     return Path(os.environ["AIRFLOW_HOME"])
 
 
+LAST = ("test_airflow_live", "test_airflow_events", "test_airflow_restarts")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the live-Airflow tests last: they build on models the ``dags test`` modules registered."""
-    items.sort(key=lambda item: "test_airflow_live" in item.nodeid)
+    """Run the live-Airflow tests last, in this order: they build on models the ``dags test`` modules
+    registered, and the restart tests (which kill Airflow's components) come after the others."""
+    items.sort(key=lambda item: next((i + 1 for i, name in enumerate(LAST) if name in item.nodeid), 0))

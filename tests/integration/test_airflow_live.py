@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,101 +31,13 @@ from pathlib import Path
 
 import pytest
 
-from devstack.airflow import LocalAirflow
 from devstack.stack import LocalStack
+from tests.fixtures.airflow_live import Api, wait_for_runs
 from tests.fixtures.pipeline import GOOD, WEAK
 
 pytestmark = pytest.mark.integration
 DAG_ID = "retrain_tabular"
 BACKFILL = ["2026-11-02", "2026-11-03", "2026-11-04"]  # the stack holds raw data for the first two
-
-
-class Api:
-    def __init__(self, airflow: LocalAirflow) -> None:
-        self.base = airflow.url
-        self.password = airflow.password()
-        self.headers = {"Authorization": f"Bearer {airflow.token()}", "Content-Type": "application/json"}
-
-    def call(self, method: str, path: str, body: dict | None = None, retries: int = 5) -> dict:
-        """One REST call, retried as a careful client would on SQLite's transient answers.
-
-        SQLite answers 500/503 "database is locked" at times, and a request can wait past the
-        client's timeout for a lock. A POST that timed out may still have been applied: when its
-        retry answers 409 for a run with our own ``dag_run_id``, that run is the answer.
-        """
-        data = json.dumps(body).encode() if body is not None else None
-        timed_out = False
-        for attempt in range(retries):
-            request = urllib.request.Request(self.base + path, data=data, method=method, headers=self.headers)
-            try:
-                with urllib.request.urlopen(request, timeout=90) as response:
-                    return json.loads(response.read() or b"{}")
-            except urllib.error.HTTPError as e:
-                if e.code == 409 and timed_out and body and body.get("dag_run_id"):
-                    return self.call("GET", f"{path}/{body['dag_run_id']}")
-                if e.code not in (500, 503) or attempt == retries - 1:
-                    raise AssertionError(f"{method} {path}: {e.code} {e.read()[:500]!r}") from e
-            except TimeoutError:
-                if attempt == retries - 1:
-                    raise
-                timed_out = True
-            time.sleep(2)
-        raise AssertionError("unreachable")
-
-
-@pytest.fixture(scope="module")
-def live_stack(stack) -> Iterator[LocalStack]:
-    """The session's stack (its state folder, Ray head and COS stand-in) plus the MLflow UI on
-    127.0.0.1:5000, as ``make airflow`` runs it: the ``mlflow_default`` connection carries its
-    ``ui_url``, so the tasks store links to their run and model version."""
-    live = LocalStack(stack.root, stack.project_root, cos=stack.cos, ray=stack.ray, mlflow_ui_port=5000)
-    try:
-        yield live.start()
-    finally:
-        live.stop()  # only the MLflow UI: the session's Ray head and COS stand-in stay up
-
-
-@pytest.fixture(scope="module")
-def api(live_stack, tabular_good_run, tmp_path_factory):
-    airflow = LocalAirflow(live_stack, tmp_path_factory.mktemp("airflow-live") / "home", port=8080).start()
-    try:  # stopped even when the setup below fails: no Airflow left running after the session
-        client = Api(airflow)
-        deadline = time.monotonic() + 180
-        while True:  # the DAG processor has to parse the DAG file before the API knows it
-            try:
-                client.call("GET", f"/api/v2/dags/{DAG_ID}", retries=1)
-                break
-            except AssertionError:
-                assert time.monotonic() < deadline, "the DAG processor never parsed retrain_tabular"
-                time.sleep(3)
-        client.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-        # Unpausing creates the latest scheduled run, whose partition has no data here: fail it so it
-        # does not hold the one active-run slot while its sensor waits for hours.
-        deadline = time.monotonic() + 120
-        while not (
-            scheduled := client.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]
-        ):
-            assert time.monotonic() < deadline, "unpausing created no scheduled run"
-            time.sleep(2)
-        for run in scheduled:
-            client.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
-        yield client
-    finally:
-        airflow.stop()
-
-
-def wait_for_runs(api: Api, run_ids: set[str], timeout: float = 1200) -> dict[str, dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = {
-            r["dag_run_id"]: r
-            for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
-        }
-        mine = {rid: runs[rid] for rid in run_ids if rid in runs}
-        if len(mine) == len(run_ids) and all(r["state"] in ("success", "failed") for r in mine.values()):
-            return mine
-        assert time.monotonic() < deadline, f"runs still going: {[(k, v['state']) for k, v in mine.items()]}"
-        time.sleep(5)
 
 
 @pytest.fixture(scope="module")

@@ -134,6 +134,10 @@ class MLflowRegisterOperator(BaseOperator):
     mlflow_promotion 1 ...``): two promotions of one model are then one after the other, and the
     second decides against the first's result.
 
+    Lineage (with Airflow's OpenLineage provider): the run's model (``runs:/<run id>/<artifact_path>``)
+    in, the model version (``models:/<name>/<version>``) out, tagged with its aliases and the decision
+    (:func:`emr_ray.lineage.register_lineage`).
+
     :param model_name: registered model name; created when missing. (templated)
     :param run_id: MLflow run that logged the model, typically the training task's XCom. (templated)
     :param artifact_path: name the model was logged under (``log_model(name=...)``). (templated)
@@ -255,7 +259,8 @@ class MLflowRegisterOperator(BaseOperator):
 
         if existing is None and as_bool(self.register_only_if_better) and not decision.promote:
             self.log.info("Not registering (register_only_if_better and no improvement): %s", decision.reason)
-            return self._result(name, None, candidate, champion, decision, [], reused=False)
+            self._lineage_result = self._result(name, None, candidate, champion, decision, [], reused=False)
+            return self._lineage_result
 
         if existing is not None:
             version, reused = str(existing.version), True
@@ -288,6 +293,7 @@ class MLflowRegisterOperator(BaseOperator):
             name, version, candidate, champion, decision, aliases, reused=reused, decisions=decisions
         )
         self._emit_asset_event(context, name, result)
+        self._lineage_result = result
         return result
 
     def _decide(self, candidate: Candidate, champion: Champion, version: str | None) -> Decision:
@@ -366,6 +372,27 @@ class MLflowRegisterOperator(BaseOperator):
             champion,
             MAX_DECISIONS,
         )
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the run's model in, the model version and its aliases out (never raises)."""
+        from emr_ray import lineage
+
+        result = getattr(self, "_lineage_result", None)
+
+        def build() -> Any:
+            run_id = str((result or {}).get("run_id") or self.run_id).strip()
+            if run_id in ("", "None") or "{{" in run_id:
+                return None  # failed before the run id was known: nothing to report
+            artifact_path = str(self.artifact_path).strip().strip("/")
+            return lineage.register_lineage(
+                run_id=run_id,
+                artifact_path=artifact_path,
+                tracking_uri=self.hook.tracking_uri,
+                registry_uri=self.hook.registry_uri,
+                result=result,
+            )
+
+        return lineage.collect(self.log, self.task_id, build)
 
     # ------------------------------------------------------------------ helpers
     def _rendered(self) -> tuple[str, str, str]:

@@ -36,6 +36,10 @@ class TorchTrainOperator(RayJobOperator):
     ``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``, ``best_metrics``, ``epochs_completed``,
     ``comparison``.
 
+    Lineage (with Airflow's OpenLineage provider): in, the pinned generation outputs of ``datasets``; out, the
+    run's model (``runs:/<run id>/model`` on the tracking server) and the best checkpoint
+    (:func:`emr_ray.lineage.train_lineage`).
+
     With ``compare_with_model``, the job then scores ``models:/<compare_with_model>@<compare_alias>``
     and the new model on the same test rows with the training module's ``evaluate`` (see
     :mod:`emr_ray.jobs.compare`), logs both figures to the MLflow run (``compare.*``), and returns
@@ -206,3 +210,23 @@ class TorchTrainOperator(RayJobOperator):
                 comparison["challenger"],
             )
         return result
+
+    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
+        result = super()._finish(event)
+        self._lineage_result = result  # both wait paths end here: what the lineage reports
+        return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the pinned generation outputs in, the MLflow run's model out (never raises)."""
+        from emr_ray import lineage
+
+        result = getattr(self, "_lineage_result", None)
+
+        def build() -> Any:
+            tracking_uri = self.mlflow_hook.tracking_uri if result else None
+            datasets = self.datasets if isinstance(self.datasets, dict) else {}
+            return lineage.train_lineage(
+                datasets=datasets, result=result, tracking_uri=tracking_uri, submission_id=self._submission_id
+            )
+
+        return lineage.collect(self.log, self.task_id, build)

@@ -1,0 +1,211 @@
+"""Airflow's components crash mid-run, on the running Airflow (PostgreSQL, LocalExecutor, deferrable
+operators), and are started again, as Kubernetes restarts a crashed pod; the runs finish as if
+nothing happened:
+
+- the triggerer is SIGKILLed (with its trigger runner) while the ``train`` task is DEFERRED on its
+  Ray job, and started again: the new triggerer takes the trigger over, and the task completes in
+  the same try with the same Ray job (one job for the task, the XCom'd link names it);
+- the scheduler is SIGKILLed (with its LocalExecutor workers and their task processes) during a
+  three-date backfill whose runs overlap, while a Ray task or a registration runs in one of its
+  workers, and started again: the new scheduler resets the orphaned task, whose next try reattaches
+  to the job of the killed one; every run succeeds, and each date's output exists exactly once (one
+  committed generation, one Ray job per task, one model version per run).
+
+Tiny data: 1000 rows per date, one epoch, one Ray Train worker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from devstack.airflow import LocalAirflow
+from devstack.stack import LocalStack
+from tests.fixtures.airflow_live import DAG_ID, Api, wait_for_runs
+
+pytestmark = pytest.mark.integration
+TRIGGERER_DATE = "2026-10-19"
+BACKFILL = ["2026-10-20", "2026-10-21", "2026-10-22"]  # no other test uses these dates
+ROWS = 1000
+CHEAP = {"epochs": 1, "num_workers": 1}
+
+
+@pytest.fixture(scope="module")
+def raw_dates(stack) -> list[str]:
+    """Raw partitions of this module's dates in the COS stand-in."""
+    from include.data import synthetic
+
+    dates = [TRIGGERER_DATE, *BACKFILL]
+    synthetic.write_partitions(stack.raw_uri, dates[0], len(dates), ROWS, stack.storage_options())
+    return dates
+
+
+def ray_jobs(stack: LocalStack, run_id: str, task_id: str) -> list[dict]:
+    """The Jobs API's records of the Ray jobs a task of a run submitted (by the metadata every job gets)."""
+    assert stack.ray is not None
+    request = urllib.request.Request(f"{stack.ray.dashboard_url}/api/jobs/",
+                                     headers={"Authorization": f"Bearer {stack.ray.token}"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:
+        jobs = json.loads(response.read())
+    return [
+        job
+        for job in jobs
+        if (job.get("metadata") or {}).get("airflow_run_id") == run_id
+        and job["metadata"].get("airflow_task_id") == task_id
+    ]
+
+
+def wait_for_state(api: Api, run_id: str, task_id: str, state: str, timeout: float = 900) -> dict:
+    """Poll the task instance until it is in ``state``; fail if it finished first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ti = api.task_instances(run_id).get(task_id, {})
+        if ti.get("state") == state:
+            return ti
+        assert ti.get("state") not in ("success", "failed", "upstream_failed", "skipped"), (
+            f"{task_id} of {run_id} ended {ti.get('state')} before it was {state}"
+        )
+        assert time.monotonic() < deadline, f"{task_id} of {run_id} never became {state}: {ti.get('state')}"
+        time.sleep(1)
+
+
+def failures(api: Api, run_ids: set[str]) -> str:
+    """The failed task instances of the runs, for an assertion message."""
+    return "; ".join(
+        f"{rid} {ti['task_id']} try {ti['try_number']}: {ti['state']}"
+        for rid in run_ids
+        for ti in api.task_instances(rid).values()
+        if ti["state"] not in ("success", "skipped")
+    )
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("Z")  # a zombie until its parent reaps it
+    except OSError:
+        return True
+
+
+@pytest.mark.timeout(1500)
+def test_triggerer_killed_while_training_is_deferred_resumes_the_same_ray_job(
+    api, live_airflow: LocalAirflow, live_stack, raw_dates
+):
+    run_id = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
+        "dag_run_id": "restart-triggerer", "logical_date": None,
+        "conf": {"partition": TRIGGERER_DATE, "register_only_if_better": True, **CHEAP},
+    })["dag_run_id"]  # fmt: skip
+    deferred = wait_for_state(api, run_id, "train", "deferred")
+    (job,) = ray_jobs(live_stack, run_id, "train")  # submitted before the task deferred
+    old_pid = live_airflow.pid("triggerer")
+    restarts = dict(live_airflow.restarts)
+
+    live_airflow.kill("triggerer")
+    assert gone(old_pid), "the triggerer survived SIGKILL"
+    assert api.task_instances(run_id)["train"]["state"] == "deferred", "the kill changed the task's state"
+    time.sleep(5)
+    new_pid = live_airflow.restart("triggerer")
+    assert new_pid != old_pid
+
+    finished = wait_for_runs(api, {run_id}, timeout=1200)[run_id]
+    assert finished["state"] == "success", failures(api, {run_id})
+    train = api.task_instances(run_id)["train"]
+    assert train["try_number"] == deferred["try_number"], "the task was retried instead of resumed"
+    jobs = ray_jobs(live_stack, run_id, "train")
+    assert [j["submission_id"] for j in jobs] == [job["submission_id"]], "a second Ray job was submitted"
+    assert jobs[0]["status"] == "SUCCEEDED"
+    links = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train/links")
+    assert links["extra_links"]["Ray Dashboard"].endswith(f"/{job['submission_id']}")
+    result = api.call(
+        "GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train/xcomEntries/return_value"
+    )
+    value = result["value"] if isinstance(result["value"], dict) else json.loads(result["value"])
+    assert value["mlflow_run_id"], value
+    assert live_airflow.restarts == restarts, (
+        "a component crashed, or the supervisor restarted the killed one"
+    )
+
+
+@pytest.mark.timeout(2700)  # three runs, their Ray tasks one at a time, plus the orphaned tasks' reset
+def test_scheduler_killed_during_a_backfill_every_date_is_produced_exactly_once(
+    api, live_airflow: LocalAirflow, stack, raw_dates
+):
+    import mlflow
+    from pyarrow import fs as pafs
+
+    from emr_ray import partitions, storage
+
+    body = {"dag_id": DAG_ID, "from_date": f"{BACKFILL[0]}T00:00:00Z", "to_date": f"{BACKFILL[-1]}T00:00:00Z",
+            "reprocess_behavior": "completed", "max_active_runs": 3, "dag_run_conf": CHEAP}  # fmt: skip
+    deadline = time.monotonic() + 180
+    while True:  # the scheduler marks an earlier test's finished backfill complete in its own time
+        try:
+            backfill = api.call("POST", "/api/v2/backfills", body, retries=1)
+            break
+        except AssertionError as e:
+            assert "409" in str(e) and time.monotonic() < deadline, e
+            time.sleep(5)
+    deadline = time.monotonic() + 120
+    while True:
+        runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
+        mine = {r["logical_date"][:10]: r["dag_run_id"] for r in runs if r["logical_date"][:10] in BACKFILL}
+        if len(mine) == len(BACKFILL):
+            break
+        assert time.monotonic() < deadline, f"backfill {backfill['id']} created {len(mine)} runs"
+        time.sleep(3)
+
+    # mid-task: a Ray task (submitting its job, before it defers) or a registration runs in a LocalExecutor
+    # worker; the kill takes the worker and the task with it, and the task is left "running" in the database
+    deadline = time.monotonic() + 900
+    while True:
+        running = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances?state=running&limit=100")
+        hit = [ti for ti in running["task_instances"]
+               if ti["dag_run_id"] in mine.values() and ti["task_id"] in ("preprocess", "train", "register")]  # fmt: skip
+        if hit:
+            break
+        assert time.monotonic() < deadline, "no Ray task or registration of the backfill was seen running"
+        time.sleep(0.5)
+    old_pid = live_airflow.pid("scheduler")
+    live_airflow.kill("scheduler")
+    assert gone(old_pid), "the scheduler survived SIGKILL"
+    interrupted = {(ti["dag_run_id"], ti["task_id"]): ti["try_number"] for ti in hit}
+    at_kill = {d: {t: ti["state"] for t, ti in api.task_instances(rid).items()} for d, rid in mine.items()}
+    print(f"interrupted (run, task): try {interrupted}; task states after the kill: {at_kill}")
+    time.sleep(10)
+    assert live_airflow.restart("scheduler") != old_pid
+
+    finished = wait_for_runs(api, set(mine.values()), timeout=2400)
+    assert all(r["state"] == "success" for r in finished.values()), failures(api, set(mine.values()))
+    for (run_id, task_id), try_number in interrupted.items():  # reset by the new scheduler, tried again
+        final = api.task_instances(run_id)[task_id]
+        print(f"{run_id} {task_id}: interrupted in try {try_number}, succeeded in try {final['try_number']}")
+
+    client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
+    versions = [v for v in client.search_model_versions("name='tabular-mlp'")
+                if v.tags.get("airflow.run_id") in mine.values()]  # fmt: skip
+    assert sorted(v.tags["airflow.run_id"] for v in versions) == sorted(mine.values()), "one version per run"
+    for date, run_id in mine.items():
+        staged = storage.partition_uri(stack.staging_uri, "tabular", date)
+        fsys, root = storage.resolve(staged, None)
+        manifests = []
+        for info in fsys.get_file_info(
+            pafs.FileSelector(f"{root}/{partitions.COMMITS}", allow_not_found=True)
+        ):
+            if info.type == pafs.FileType.File and info.base_name.endswith(".json"):
+                with fsys.open_input_stream(info.path) as f:
+                    manifests.append(json.loads(f.read().decode()))
+        generations = fsys.get_file_info(pafs.FileSelector(f"{root}/{partitions.GENERATIONS}"))
+        assert len(manifests) == 1, f"{date}: {len(manifests)} committed generations"
+        assert [g.base_name for g in generations] == [manifests[0]["generation"]], (
+            f"{date}: a stray generation"
+        )
+        assert manifests[0]["producer"]["airflow.run_id"] == run_id
+        assert manifests[0]["partition"] == date and manifests[0]["rows_in"] == ROWS
+        (version,) = [v for v in versions if v.tags["airflow.run_id"] == run_id]
+        assert version.tags["partition"] == date and version.tags["generation"] == manifests[0]["generation"]
+        for task in ("preprocess", "train"):  # no job submitted twice, whatever the kill interrupted
+            submissions = ray_jobs(live_airflow.stack, run_id, task)
+            assert len([j for j in submissions if j["status"] == "SUCCEEDED"]) == 1, (date, task, submissions)
