@@ -156,7 +156,7 @@ class COSKeyTrigger(BaseEventTrigger):
         assert store is not None
         announced = await store.aget(ANNOUNCED_KEY)
         first_start = announced is None
-        seen: set[str] = set(announced or [])
+        seen: set[str] = {str(item) for item in announced} if isinstance(announced, list) else set()
         while True:
             try:
                 _, objects = await asyncio.to_thread(
@@ -181,12 +181,17 @@ class COSKeyTrigger(BaseEventTrigger):
                     yield TriggerEvent({"status": "success", "objects": [obj], "key": obj["Key"],
                                         "partition": partition_of(obj["Key"])})  # fmt: skip
                     seen.add(ident)
-                    await store.aset(ANNOUNCED_KEY, sorted(seen & set(current)))
+                    await store.aset(ANNOUNCED_KEY, _json_list(seen & set(current)))
             if first_start or seen - set(current):
                 seen &= set(current)  # forget objects that are gone: the state stays as small as the listing
-                await store.aset(ANNOUNCED_KEY, sorted(seen))
+                await store.aset(ANNOUNCED_KEY, _json_list(seen))
             first_start = False
             await asyncio.sleep(self.poke_interval)
+
+
+def _json_list(items: set[str]) -> Any:
+    """What the state store keeps: a sorted JSON list."""
+    return sorted(items)
 
 
 def _identity(obj: dict[str, Any]) -> str:
