@@ -68,10 +68,11 @@ def test_a_partition_landing_in_cos_starts_a_run_for_that_partition(api, live_st
     assert state == "success"
     triggered = [
         r
-        for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=manual&limit=100")["dag_runs"]
+        for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
         if (r.get("conf") or {}).get("partition") == day
     ]
     assert len(triggered) == 1, triggered
+    assert triggered[0]["run_type"] == "operator_triggered"
     # the partition has no data: stop its run rather than let the sensor wait
     api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{triggered[0]['dag_run_id']}", {"state": "failed"})
 
