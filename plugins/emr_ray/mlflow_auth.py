@@ -10,7 +10,8 @@ neither Airflow nor MLflow, so the cluster-side jobs share it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 USERNAME = "MLFLOW_TRACKING_USERNAME"
 PASSWORD = "MLFLOW_TRACKING_PASSWORD"
@@ -22,6 +23,26 @@ CREDENTIAL_ENV_VARS = (USERNAME, PASSWORD, TOKEN, INSECURE_TLS)
 #: MLflow error codes of a refused login (401) and of a refused permission (403).
 _UNAUTHENTICATED = ("UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED")
 _PERMISSION_DENIED = ("PERMISSION_DENIED",)
+
+
+@contextmanager
+def scoped_environ(values: Mapping[str, str], *, clear: Iterable[str] = ()) -> Iterator[None]:
+    """``values`` set in ``os.environ`` for a block, after removing ``clear``; every variable touched
+    gets its previous value (or its absence) back on exit. Not locked: callers that share a process
+    between threads hold their own lock."""
+    cleared = tuple(clear)
+    saved = {key: os.environ.get(key) for key in (*cleared, *values)}
+    try:
+        for key in cleared:
+            os.environ.pop(key, None)
+        os.environ.update(values)
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def refusal(error: BaseException) -> int | None:

@@ -34,7 +34,6 @@ This module holds the connection, credentials, links and runs; the model registr
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -230,19 +229,8 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
             if not env:
                 yield
                 return
-            with _ENV_LOCK:
-                saved = {key: os.environ.get(key) for key in CREDENTIAL_ENV_VARS}
-                try:
-                    for key in CREDENTIAL_ENV_VARS:
-                        os.environ.pop(key, None)
-                    os.environ.update(env)
-                    yield
-                finally:
-                    for key, value in saved.items():
-                        if value is None:
-                            os.environ.pop(key, None)
-                        else:
-                            os.environ[key] = value
+            with _ENV_LOCK, mlflow_auth.scoped_environ(env, clear=CREDENTIAL_ENV_VARS):
+                yield
         except Exception as e:
             status = mlflow_auth.refusal(e)
             if status is None:
@@ -252,18 +240,9 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
     @contextmanager
     def _fail_fast(self) -> Iterator[None]:
         """No retries and a 10 s timeout for MLflow's HTTP requests in the block (checks, not work)."""
-        keys = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
-        with _ENV_LOCK:
-            saved = {key: os.environ.get(key) for key in keys}
-            os.environ.update({keys[0]: "0", keys[1]: "10"})
-            try:
-                yield
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
+        checks = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+        with _ENV_LOCK, mlflow_auth.scoped_environ(checks):
+            yield
 
     def check_access(self) -> None:
         """

@@ -369,6 +369,7 @@ class RayJobOperator(BaseOperator):
         submission_id = event["submission_id"]
         self.log.info("Ray job %s ended %s", submission_id, event.get("job_status"))
         if event["status"] == "success":
+            self._lineage_result = event["result"]  # both wait paths end here: what lineage reports
             return event["result"]
         reason = event.get("reason")
         message = (

@@ -113,11 +113,6 @@ class RayDPSparkOperator(RayJobOperator):
             ),
         )
 
-    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
-        result = super()._finish(event)
-        self._lineage_result = result  # both wait paths end here: what the lineage reports
-        return result
-
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the raw partition in, the committed generation's outputs out (never raises)."""
         result = getattr(self, "_lineage_result", None)

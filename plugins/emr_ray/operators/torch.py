@@ -211,11 +211,6 @@ class TorchTrainOperator(RayJobOperator):
             )
         return result
 
-    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
-        result = super()._finish(event)
-        self._lineage_result = result  # both wait paths end here: what the lineage reports
-        return result
-
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the pinned generation outputs in, the MLflow run's model out (never raises)."""
         from emr_ray import lineage
