@@ -252,4 +252,5 @@ def worker_tensors(config: dict[str, Any], name: str, rank: int, world: int) -> 
         return shards.read(pieces[rank], fs.LocalFileSystem(), columns)
 
     with mock.patch.object(emr_train, "worker_shard", local_worker_shard):
-        return _tensors(config, name)
+        inputs, labels, _ = _tensors(config, name)
+    return inputs[0], labels  # the tabular config declares one input: the feature matrix

@@ -7,67 +7,77 @@ reports per-epoch metrics with a checkpoint from rank 0 (:func:`emr_ray.train.re
 resumes from the latest checkpoint (:func:`emr_ray.train.latest_state`) when Ray Train or an
 Airflow retry restarts it. It uses only the public ``emr_ray.train`` API.
 
-:func:`evaluate` scores any model on a table of test rows with the same loss and accuracy as the
-loop's epochs: the training job uses it to score the champion and the new model on the same rows.
+Batches follow :mod:`emr_ray.batches`: the config declares the model's typed inputs (a float matrix of
+feature columns, int ids, padded token lists), and the loop calls ``model(*inputs)`` for class logits
+with a cross-entropy loss. ``extra_metrics`` adds per-epoch test metrics (a ranking metric, a
+baseline's score) as batch sums that the loop adds up over batches and workers and divides by the
+test rows, beside ``test_loss`` and ``test_accuracy``.
+
+:func:`evaluate` scores any model on a table of test rows with the same figures as the loop's
+epochs: the training job uses it to score the champion and the new model on the same rows.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from emr_ray import batches as contract
 from emr_ray import train as emr_train
+
+#: ``fn(model, inputs, labels, logits, extras) -> sum over the batch``; the loop divides by the test rows
+ExtraMetric = Callable[[Any, tuple, Any, Any, dict], float]
 
 
 def _tensors(config: dict[str, Any], name: str):
-    """This worker's rows of dataset ``name`` as ``(features float32 [n, f], labels int64 [n])``."""
-    features, label = list(config["feature_columns"]), config["label_column"]
-    return _table_tensors(config, emr_train.worker_shard(config, name, features + [label]))
-
-
-def _table_tensors(config: dict[str, Any], table):
-    """The rows of a pyarrow ``table`` as ``(features float32 [n, f], labels int64 [n])``."""
-    import numpy as np
-    import torch
-
-    features, label = list(config["feature_columns"]), config["label_column"]
-    if table is None:
-        return torch.empty((0, len(features))), torch.empty((0,), dtype=torch.long)
-    x = np.empty((table.num_rows, len(features)), dtype=np.float32)
-    for j, column in enumerate(features):
-        x[:, j] = table.column(column).to_numpy()
-    y = np.ascontiguousarray(table.column(label).to_numpy(), dtype=np.int64)
-    return torch.from_numpy(x), torch.from_numpy(y)
+    """This worker's rows of dataset ``name`` as ``(inputs, labels, extras)`` (see :mod:`emr_ray.batches`)."""
+    spec = contract.batch_spec(config)
+    return spec.tensors(emr_train.worker_shard(config, name, spec.columns))
 
 
 def _batches(data, batch_size: int, device, order=None):
-    x, y = data
+    inputs, y, extras = data
     for i in range(0, len(y), batch_size):
         index = order[i : i + batch_size] if order is not None else slice(i, i + batch_size)
-        yield x[index].to(device), y[index].to(device)
+        yield (
+            tuple(x[index].to(device) for x in inputs),
+            y[index].to(device),
+            {k: v[index].to(device) for k, v in extras.items()},
+        )
 
 
-def _sums(model, data, batch_size: int, device, loss_fn):
-    """``(summed loss, correct, rows)`` of ``model`` over ``data``, without gradients."""
+def _sums(model, data, batch_size: int, device, loss_fn, extra_metrics: Mapping[str, ExtraMetric]):
+    """``[summed loss, correct, rows, *extra sums]`` of ``model`` over ``data``, without gradients."""
     import torch
 
-    loss = correct = rows = 0.0
+    sums = [0.0] * (3 + len(extra_metrics))
     with torch.no_grad():
-        for x, y in _batches(data, batch_size, device):
-            logits = model(x)
-            loss += loss_fn(logits, y).item()
-            correct += (logits.argmax(dim=1) == y).sum().item()
-            rows += len(y)
-    return loss, correct, rows
+        for inputs, y, extras in _batches(data, batch_size, device):
+            logits = model(*inputs)
+            sums[0] += loss_fn(logits, y).item()
+            sums[1] += (logits.argmax(dim=1) == y).sum().item()
+            sums[2] += len(y)
+            for j, metric in enumerate(extra_metrics.values()):
+                sums[3 + j] += float(metric(model, inputs, y, logits, extras))
+    return sums
 
 
-def evaluate(model, config: dict[str, Any], table) -> dict[str, float]:
-    """``test_loss`` and ``test_accuracy`` of ``model`` on the rows of a pyarrow ``table``, on the CPU.
+def _test_metrics(sums: list[float], extra_metrics: Mapping[str, ExtraMetric]) -> dict[str, float]:
+    rows = max(sums[2], 1)
+    metrics = {"test_loss": sums[0] / rows, "test_accuracy": sums[1] / rows}
+    metrics |= {name: sums[3 + j] / rows for j, name in enumerate(extra_metrics)}
+    return metrics
 
-    The same figures the loop reports per epoch (mean cross-entropy, share of correct argmax), for
-    any model that maps the ``feature_columns`` to class logits: the trained one, or the champion
-    as MLflow loads it (an exported graph, already in eval mode, refuses ``.eval()``).
+
+def evaluate(
+    model, config: dict[str, Any], table, extra_metrics: Mapping[str, ExtraMetric] | None = None
+) -> dict[str, float]:
+    """``test_loss``, ``test_accuracy`` and the ``extra_metrics`` of ``model`` on a pyarrow ``table``, on the CPU.
+
+    The same figures the loop reports per epoch, for any model that maps the declared inputs to class
+    logits: the trained one, or the champion as MLflow loads it (an exported graph, already in eval
+    mode, refuses ``.eval()``).
     """
     import torch
 
@@ -75,18 +85,24 @@ def evaluate(model, config: dict[str, Any], table) -> dict[str, float]:
         model.eval()
     except NotImplementedError:
         pass
+    extra_metrics = extra_metrics or {}
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
-    data = _table_tensors(config, table)
-    loss, correct, rows = _sums(model, data, int(config.get("batch_size", 256)), torch.device("cpu"), loss_fn)
-    return {"test_loss": loss / max(rows, 1), "test_accuracy": correct / max(rows, 1)}
+    data = contract.batch_spec(config).tensors(table)
+    sums = _sums(model, data, int(config.get("batch_size", 256)), torch.device("cpu"), loss_fn, extra_metrics)
+    return _test_metrics(sums, extra_metrics)
 
 
-def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], Any]) -> None:
+def run_epochs(
+    config: dict[str, Any],
+    build_model: Callable[[dict[str, Any]], Any],
+    extra_metrics: Mapping[str, ExtraMetric] | None = None,
+) -> None:
     """Train ``build_model(config)``: evaluate, report and checkpoint once per epoch."""
     import torch
     import torch.distributed as dist
     from ray.train.torch import get_device, prepare_model
 
+    extra_metrics = extra_metrics or {}
     seed = int(config.get("seed", 42))
     torch.manual_seed(seed)
     device = get_device()
@@ -107,30 +123,28 @@ def run_epochs(config: dict[str, Any], build_model: Callable[[dict[str, Any]], A
     for epoch in range(start_epoch, int(config.get("epochs", 5))):
         started = time.monotonic()
         model.train()
-        # train loss, train rows, test loss, correct, test rows; on the device, as NCCL reduces no CPU tensors
-        sums = torch.zeros(5, dtype=torch.float64, device=device)
+        train_loss = train_rows = 0.0
         order = torch.randperm(len(train[1]), generator=torch.Generator().manual_seed(seed + epoch))
-        for x, y in _batches(train, batch_size, device, order):
+        for inputs, y, _ in _batches(train, batch_size, device, order):
             optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(model(*inputs), y)
             (loss / len(y)).backward()
             optimizer.step()
-            sums[0] += loss.item()
-            sums[1] += len(y)
+            train_loss += loss.item()
+            train_rows += len(y)
         model.eval()
-        test_loss, correct, test_rows = _sums(model, test, batch_size, device, loss_fn)
-        sums[2] += test_loss
-        sums[3] += correct
-        sums[4] += test_rows
+        test_sums = _sums(model, test, batch_size, device, loss_fn, extra_metrics)
+        # train loss, train rows, then the test sums; on the device, as NCCL reduces no CPU tensors
+        sums = torch.tensor([train_loss, train_rows, *test_sums], dtype=torch.float64, device=device)
         if distributed:
             dist.all_reduce(sums)
+        totals = sums.tolist()
         seconds = time.monotonic() - started
         metrics = {
-            "train_loss": sums[0].item() / max(sums[1].item(), 1),
-            "test_loss": sums[2].item() / max(sums[4].item(), 1),
-            "test_accuracy": sums[3].item() / max(sums[4].item(), 1),
-            "train_rows": int(sums[1].item()),
-            "rows_per_second": sums[1].item() / max(seconds, 1e-9),
+            "train_loss": totals[0] / max(totals[1], 1),
+            **_test_metrics(totals[2:], extra_metrics),
+            "train_rows": int(totals[1]),
+            "rows_per_second": totals[1] / max(seconds, 1e-9),
             "start_epoch": start_epoch,  # > 0 when this attempt resumed from a checkpoint
         }
         emr_train.report_epoch(metrics, model=model, optimizer=optimizer, epoch=epoch)

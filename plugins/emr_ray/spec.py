@@ -253,6 +253,10 @@ class TrainJobSpec(SpecPart):
         for uri in (*self.datasets.values(), self.storage_path):
             storage.split_uri(uri)
         storage.validate_partitions_in(*self.datasets.values())
+        from emr_ray import batches  # the contract module imports this one
+
+        if batches.declares_batches(self.config):
+            batches.batch_spec(self.config)  # the model's inputs, checked before anything is submitted
 
     @property
     def epochs(self) -> int:
@@ -273,8 +277,82 @@ class TrainJobSpec(SpecPart):
         }
 
 
+#: RLlib algorithms that learn online from a Gymnasium environment (the offline ones need recorded data)
+RLLIB_ALGORITHMS = ("APPO", "DQN", "IMPALA", "PPO", "SAC")
+
+
+@dataclass(frozen=True)
+class RLlibJobSpec(SpecPart):
+    """``emr_ray.jobs.rllib``: an RLlib algorithm trained iteration by iteration on a Gymnasium
+    environment, checkpointed under ``<storage_path>/<run_name>`` so that a retry resumes."""
+
+    run_name: str
+    storage_path: str
+    mlflow: MLflowSection
+    algorithm: str = "PPO"
+    env: str = "CartPole-v1"
+    env_config: dict[str, Any] = field(default_factory=dict)
+    #: ``AlgorithmConfig.training()`` keywords: lr, gamma, train_batch_size_per_learner, ...
+    config: dict[str, Any] = field(default_factory=dict)
+    #: ``rl_module(model_config=...)``: e.g. {"fcnet_hiddens": [64, 64]}
+    model_config: dict[str, Any] = field(default_factory=dict)
+    iterations: int = 20
+    num_env_runners: int = 0
+    num_envs_per_env_runner: int = 1
+    checkpoint_every: int = 1
+    num_to_keep: int = 2
+    seed: int | None = None
+    evaluation_episodes: int = 10
+    #: torch threads in the job's driver (its learner, and its sampler when num_env_runners is 0)
+    driver_threads: int = 1
+    identity: dict[str, str] = field(default_factory=dict)
+    storage: StorageSection = field(default_factory=StorageSection)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.algorithm in RLLIB_ALGORITHMS,
+            f"algorithm={self.algorithm!r} is not an online RLlib algorithm: use one of "
+            f"{', '.join(RLLIB_ALGORITHMS)}.",
+        )
+        _require(bool(self.env), "env is empty; name a Gymnasium environment id such as 'CartPole-v1'.")
+        _require(int(self.iterations) >= 1, f"iterations={self.iterations}: train at least 1 iteration.")
+        _require(
+            int(self.num_env_runners) >= 0,
+            f"num_env_runners={self.num_env_runners}: use 0 (sample in the job's driver) or more.",
+        )
+        _require(
+            int(self.num_envs_per_env_runner) >= 1,
+            f"num_envs_per_env_runner={self.num_envs_per_env_runner}: use at least 1.",
+        )
+        _require(
+            int(self.checkpoint_every) >= 1,
+            f"checkpoint_every={self.checkpoint_every}: checkpoint at least every 1 iteration.",
+        )
+        _require(int(self.num_to_keep) >= 1, f"num_to_keep={self.num_to_keep}: keep at least 1 checkpoint.")
+        _require(
+            int(self.evaluation_episodes) >= 0,
+            f"evaluation_episodes={self.evaluation_episodes}: use 0 (no evaluation) or more.",
+        )
+        _require(int(self.driver_threads) >= 1, f"driver_threads={self.driver_threads}: use at least 1.")
+        storage.split_uri(self.storage_path)
+
+    def fingerprint_payload(self) -> dict[str, Any]:
+        """What makes two trainings the same: a retry resumes only a run of the same payload."""
+        return {
+            "algorithm": self.algorithm,
+            "env": self.env,
+            "env_config": self.env_config,
+            "config": self.config,
+            "model_config": self.model_config,
+            "iterations": self.iterations,
+            "num_env_runners": self.num_env_runners,
+            "num_envs_per_env_runner": self.num_envs_per_env_runner,
+            "seed": self.seed,
+        }
+
+
 #: every typed spec an operator can build
-JobSpec = SparkJobSpec | TrainJobSpec
+JobSpec = SparkJobSpec | TrainJobSpec | RLlibJobSpec
 
 
 def _check_import_path(name: str, path: str) -> None:

@@ -5,7 +5,10 @@ A training module (the one ``TorchTrainOperator(train_loop="pkg.module:train_loo
 again to log the trained weights), and ``train_loop(config)`` runs on every Ray Train worker. It may
 also provide ``evaluate(model, config, table)`` (:class:`EvaluatingModule`): with it, the job scores
 the current champion and the new model on the same test rows
-(``TorchTrainOperator(compare_with_model=...)``). Inside the loop:
+(``TorchTrainOperator(compare_with_model=...)``). With ``serving_model(model, config, read_dataset)``
+(:class:`ServingModule`) it logs its own MLflow Python model (a vocabulary or an id index kept with the
+weights, raw text or raw ids in). What the loop feeds the model is declared in its config
+(:mod:`emr_ray.batches`: typed inputs, list columns). Inside the loop:
 
 - :func:`worker_shard` gives this worker's rows of a named dataset (a pyarrow Table read straight
   from the committed Parquet files: equal shards for ``train``, all rows spread for the others);
@@ -58,6 +61,25 @@ class EvaluatingModule(TrainingModule, Protocol):
         ``model`` is a ``torch.nn.Module`` on the CPU: a fresh ``build_model(config)`` with the new
         weights, or the champion as MLflow loads it (which may be an exported graph module that
         refuses ``.eval()``; it was exported in eval mode). ``config`` is this training's config.
+        """
+
+
+class ServingModule(TrainingModule, Protocol):
+    """A :class:`TrainingModule` that logs a serving model of its own (``serving_model`` is optional).
+
+    Without it the job logs the torch module with MLflow's pytorch flavour, which takes one tensor.
+    With it, the job logs what it returns with MLflow's pyfunc flavour: a model that can hold what
+    scoring needs beside the weights (a vocabulary, an id index) and take raw input (text, ids).
+    """
+
+    def serving_model(self, model: Any, config: dict[str, Any], read_dataset: Any) -> tuple[Any, Any]:
+        """``(python_model, input_example)``: an ``mlflow.pyfunc.PythonModel`` around the trained
+        ``model`` (on the CPU, eval mode), and an input example in the raw form it takes.
+
+        ``read_dataset(name)`` returns the whole dataset ``name`` of this training (any dataset the
+        operator's ``datasets`` names) as a pyarrow Table: the vocabulary or index of exactly the
+        generation the model was trained on. The champion comparison then scores these Python models
+        (the new one and the champion's) with the module's ``evaluate``.
         """
 
 

@@ -2,8 +2,8 @@
 
 Promotion must compare like with like. The metric a champion once scored on another day's rows
 says little about the rows the new model was tested on, so after fit the job resolves
-``models:/<model_name>@<alias>`` (the spec's ``compare`` part) to a version, loads it with
-``mlflow.pytorch.load_model``, and scores it and the newly trained best model with the training
+``models:/<model_name>@<alias>`` (the spec's ``compare`` part) to a version, loads it (the torch module,
+or the serving model of a training module with ``serving_model``: see :func:`as_scored`), and scores it and the newly trained best model with the training
 module's own ``evaluate(model, config, table)`` on exactly the rows the workers evaluated on: every
 file the plan lists for the ``test`` dataset.
 
@@ -78,7 +78,8 @@ def with_champion(
     :param plan: the training's shard plan (its ``test`` entry lists the files).
     :param options: storage settings to read the files.
     :param mlflow_run_id: the challenger's MLflow run, where the figures are logged.
-    :param challenger: the newly trained model (``build_model`` with the best checkpoint's weights).
+    :param challenger: the newly trained model (``build_model`` with the best checkpoint's weights), or its
+        serving model when the training module has ``serving_model`` (see :func:`as_scored`).
     """
     section = spec.compare
     if section is None:
@@ -135,8 +136,10 @@ def refresh(
         f"v{current}" if current else "unset",
     )
     try:
-        challenger = model_from_checkpoint(spec, result["checkpoint_uri"], options)
         plan = plan_of()
+        challenger = as_scored(
+            spec, model_from_checkpoint(spec, result["checkpoint_uri"], options), plan, options
+        )
     except Exception as e:  # a pruned generation or checkpoint: the stored result stands, uncompared
         reason = f"the stored model or its test rows cannot be read again ({type(e).__name__}: {e})"
         base = {"model_name": section.model_name, "alias": section.alias}
@@ -163,22 +166,19 @@ def read_test_rows(plan: dict[str, Any], options: storage.StorageOptions):
     entry = plan["datasets"].get("test")
     if not entry or not entry["files"]:
         raise Skipped("the training has no 'test' dataset to score both models on")
-    import pyarrow.parquet as pq
-
-    fsys = storage.filesystem(entry["uri"], options)
-    with fsys.open_input_file(entry["files"][0][0]) as f:
-        columns = pq.ParquetFile(f).schema_arrow.names
-    pieces = [shards.Piece(path, 0, int(rows)) for path, rows in entry["files"]]
-    table = shards.read(pieces, fsys, columns)
+    table = shards.read_dataset_entry(entry, storage.filesystem(entry["uri"], options))
     if table is None or table.num_rows == 0:
         raise Skipped(f"the test dataset {entry['uri']} has no rows")
     return table
 
 
 def load_version(spec: TrainJobSpec, client: Any, name: str, version: str) -> Any:
-    """Version ``version`` of ``name``: downloaded to a temporary folder, ``mlflow.pytorch.load_model``."""
+    """Version ``version`` of ``name``, downloaded to a temporary folder: the torch module of a
+    ``pytorch``-flavoured model, or the Python model object of one logged by ``serving_model``."""
+    import mlflow.pyfunc
     import mlflow.pytorch
     from mlflow.artifacts import download_artifacts
+    from mlflow.models import Model
 
     source = client.get_model_version_download_uri(name, version)
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +188,19 @@ def load_version(spec: TrainJobSpec, client: Any, name: str, version: str) -> An
             tracking_uri=spec.mlflow.tracking_uri,
             registry_uri=spec.mlflow.registry_uri or spec.mlflow.tracking_uri,
         )
-        return mlflow.pytorch.load_model(local)
+        if "pytorch" in Model.load(local).flavors:
+            return mlflow.pytorch.load_model(local)
+        return mlflow.pyfunc.load_model(local).unwrap_python_model()
+
+
+def as_scored(spec: TrainJobSpec, model: Any, plan: dict[str, Any], options: storage.StorageOptions) -> Any:
+    """What ``evaluate`` scores for the new model: the torch module itself, or, when the training module
+    logs a serving model (``serving_model``), that model, as the champion is loaded."""
+    serving = getattr(importlib.import_module(spec.model_module), "serving_model", None)
+    if serving is None:
+        return model
+    python_model, _ = serving(model, spec.config, shards.dataset_reader(plan, options))
+    return python_model
 
 
 def model_from_checkpoint(spec: TrainJobSpec, checkpoint_uri: str, options: storage.StorageOptions) -> Any:

@@ -83,6 +83,38 @@ def read(pieces: list[Piece], fsys: Any, columns: list[str]):
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
+def read_dataset_entry(entry: dict[str, Any], fsys: Any):
+    """Every row and column of one planned dataset (an entry of the plan's ``datasets``), as one Table.
+
+    For what the job's driver reads whole: the test rows it scores models on, a vocabulary or an id
+    index that is logged with the model.
+    """
+    import pyarrow.parquet as pq
+
+    if not entry["files"]:
+        return None
+    with fsys.open_input_file(entry["files"][0][0]) as f:
+        columns = pq.ParquetFile(f).schema_arrow.names
+    return read([Piece(path, 0, int(rows)) for path, rows in entry["files"]], fsys, columns)
+
+
+def dataset_reader(plan: dict[str, Any], options: Any):
+    """``read_dataset(name)`` over a job's plan, for a training module's ``serving_model``: the whole
+    dataset ``name`` (a vocabulary, an id index) of exactly the generation this training read."""
+    from emr_ray import storage
+
+    def read_dataset(name: str):
+        entry = plan["datasets"].get(name)
+        if entry is None:
+            raise ValueError(
+                f"No dataset {name!r} in this training (it has {sorted(plan['datasets'])}); "
+                "pass it in the training operator's datasets."
+            )
+        return read_dataset_entry(entry, storage.filesystem(entry["uri"], options))
+
+    return read_dataset
+
+
 def describe(uri: str, files: list[tuple[str, int]], *, equal: bool) -> dict[str, Any]:
     """One dataset's entry in the plan the job passes to the workers."""
     return {"uri": uri, "files": [[path, rows] for path, rows in files], "equal": equal}

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from emr_ray import partitions, storage
+from emr_ray import batches, partitions, storage
 from emr_ray.jobs import compare as comparing
 from emr_ray.jobs import shards
 from emr_ray.jobs import train_mlflow as tracking
@@ -197,7 +197,11 @@ def fit_and_log(trainer, spec: TrainJobSpec, plan: dict[str, Any], options, mlfl
             raise RuntimeError(f"Training {spec.run_name} finished without a checkpoint; nothing to log.")
         example_set = plan["datasets"]["test" if "test" in plan["datasets"] else "train"]
         model = tracking.log_model(
-            spec, mlflow_run_id, best, _input_example(example_set, spec.config, options)
+            spec,
+            mlflow_run_id,
+            best,
+            _input_example(example_set, spec.config, options),
+            shards.dataset_reader(plan, options),
         )
         tracking.log_loss_curve(mlflow_client, mlflow_run_id, spec.run_name)
         # the champion and this model on the same test rows, before the run is FINISHED (jobs/compare.py)
@@ -282,13 +286,20 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
 
 
 def _input_example(entry: dict[str, Any], config: dict[str, Any], options: storage.StorageOptions):
-    """Three rows of features, for the logged model's signature and input example."""
-    import numpy as np
+    """Three rows of the model's input, for the logged model's signature and input example.
 
-    columns = list(config["feature_columns"])
+    Only for a model with one declared input (MLflow's torch flavour passes one tensor); a model with
+    several inputs describes what it takes through its module's ``serving_model``.
+    """
+    if not batches.declares_batches(config):
+        return None
+    contract = batches.batch_spec(config)
+    if len(contract.inputs) != 1:
+        return None
+    only = contract.inputs[0]
     pieces = [shards.Piece(entry["files"][0][0], 0, min(3, int(entry["files"][0][1])))]
-    table = shards.read(pieces, storage.filesystem(entry["uri"], options), columns)
-    return np.column_stack([table.column(c).to_numpy() for c in columns]).astype(np.float32)
+    table = shards.read(pieces, storage.filesystem(entry["uri"], options), list(only.columns))
+    return only.tensor(table).numpy()
 
 
 if __name__ == "__main__":

@@ -162,8 +162,16 @@ def _checkpoint_metrics(fsys, directory: str) -> dict[str, Any] | None:
         return emr_train.read_metrics(tmp)
 
 
-def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example):
-    """Rebuild the model from the best checkpoint and log it (with signature and input example); return it."""
+def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example, read_dataset=None):
+    """Rebuild the model from the best checkpoint and log it; return what the comparison scores.
+
+    By default the torch module with MLflow's pytorch flavour (signature and input example from
+    ``example``). A training module with ``serving_model(model, config, read_dataset)`` logs its own
+    Python model instead (for example one that holds the vocabulary and takes raw text): MLflow's
+    pyfunc flavour with the module's input example; that Python model is returned.
+    """
+    import importlib
+
     import mlflow
     import torch
 
@@ -172,18 +180,22 @@ def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example):
     with checkpoint.as_directory() as ckpt_dir:
         emr_train.load_weights(model, ckpt_dir)
     model.eval()
+    serving = getattr(importlib.import_module(module), "serving_model", None)
     ensure_credentials()
     mlflow.set_tracking_uri(spec.mlflow.tracking_uri)
     code_dir = os.path.dirname(os.path.dirname(os.path.abspath(import_by_path(f"{module}:__file__"))))
+    shared = {
+        "name": "model",
+        "code_paths": [code_dir] if os.path.basename(code_dir) == "include" else None,
+        "pip_requirements": [f"torch=={torch.__version__.split('+')[0]}", "numpy"],
+    }
     with mlflow.start_run(run_id=mlflow_run_id):
-        mlflow.pytorch.log_model(
-            model,
-            name="model",
-            input_example=example,
-            code_paths=[code_dir] if os.path.basename(code_dir) == "include" else None,
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
-        )
-    return model
+        if serving is None:
+            mlflow.pytorch.log_model(model, input_example=example, **shared)
+            return model
+        python_model, serving_example = serving(model, spec.config, read_dataset)
+        mlflow.pyfunc.log_model(python_model=python_model, input_example=serving_example, **shared)
+        return python_model
 
 
 def log_loss_curve(mlflow_client, mlflow_run_id: str, title: str) -> None:

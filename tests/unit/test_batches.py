@@ -1,0 +1,108 @@
+"""The training loop's batch contract: declared columns become typed model inputs, checked where built."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import torch
+
+from emr_ray.batches import batch_spec
+from emr_ray.spec import SpecError
+
+TABLE = pa.table(
+    {
+        "f0": pa.array([1.0, 2.0, 3.0]),
+        "f1": pa.array([4.0, 5.0, 6.0]),
+        "user": pa.array([7, 8, 9], pa.int64()),
+        "tokens": pa.array([[5, 6, 7, 8], [], [9, 10]], pa.list_(pa.int64())),
+        "label": pa.array([0, 1, 0], pa.int64()),
+        "rank": pa.array([3, 40, 1], pa.int64()),
+    }
+)
+
+
+def test_without_inputs_the_feature_columns_are_one_float_matrix_as_before():
+    inputs, labels, extras = batch_spec({"feature_columns": ["f0", "f1"], "label_column": "label"}).tensors(
+        TABLE
+    )
+    assert len(inputs) == 1 and inputs[0].dtype == torch.float32
+    assert inputs[0].tolist() == [[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]
+    assert labels.dtype == torch.int64 and labels.tolist() == [0, 1, 0]
+    assert extras == {}
+
+
+def test_declared_inputs_come_in_call_order_with_their_dtypes_and_shapes():
+    config = {
+        "label_column": "label",
+        "inputs": [
+            {"name": "tokens", "column": "tokens", "dtype": "int64", "length": 3, "pad": 0},
+            {"name": "user", "column": "user", "dtype": "int64"},
+            {"name": "dense", "columns": ["f1"]},
+        ],
+        "metric_columns": ["rank"],
+    }
+    spec = batch_spec(config)
+    assert spec.columns == ["tokens", "user", "f1", "label", "rank"]
+    (tokens, user, dense), labels, extras = spec.tensors(TABLE)
+    assert tokens.dtype == torch.int64 and tokens.tolist() == [
+        [5, 6, 7],
+        [0, 0, 0],
+        [9, 10, 0],
+    ]  # truncated, padded
+    assert user.shape == (3,) and user.tolist() == [7, 8, 9]
+    assert dense.shape == (3, 1) and dense.dtype == torch.float32
+    assert extras["rank"].tolist() == [3.0, 40.0, 1.0]
+
+
+def test_a_sliced_list_column_pads_the_rows_of_the_slice():
+    config = {
+        "label_column": "label",
+        "inputs": [{"name": "t", "column": "tokens", "dtype": "int64", "length": 2}],
+    }
+    (tokens,), labels, _ = batch_spec(config).tensors(TABLE.slice(1, 2))
+    assert tokens.tolist() == [[0, 0], [9, 10]] and labels.tolist() == [1, 0]
+
+
+def test_no_rows_give_empty_tensors_of_the_declared_shapes():
+    config = {"label_column": "label", "inputs": [{"name": "t", "column": "tokens", "dtype": "int64", "length": 4},
+                                                  {"name": "x", "columns": ["f0", "f1"]}]}  # fmt: skip
+    (tokens, x), labels, _ = batch_spec(config).tensors(None)
+    assert tokens.shape == (0, 4) and x.shape == (0, 2) and labels.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("config", "names"),
+    [
+        ({"feature_columns": ["a"]}, "label_column"),
+        ({"label_column": "y"}, "inputs nor feature_columns"),
+        ({"label_column": "y", "inputs": [{"name": "x", "column": "a", "columns": ["b"]}]}, "exactly one of"),
+        (
+            {"label_column": "y", "inputs": [{"name": "x", "column": "a", "dtype": "float16"}]},
+            "dtype 'float16'",
+        ),
+        ({"label_column": "y", "inputs": [{"name": "x", "columns": ["a"], "length": 4}]}, "'length'"),
+        ({"label_column": "y", "inputs": [{"column": "a"}]}, "has no name"),
+        ({"label_column": "y", "inputs": [{"name": "x", "column": "a", "shape": 3}]}, "unknown key"),
+        (
+            {"label_column": "y", "inputs": [{"name": "x", "column": "a"}, {"name": "x", "column": "b"}]},
+            "repeat",
+        ),
+    ],
+)
+def test_a_bad_declaration_is_refused_naming_the_input_and_the_fix(config, names):
+    with pytest.raises(SpecError, match=names):
+        batch_spec(config)
+
+
+def test_the_training_spec_checks_the_declared_inputs_before_submitting():
+    from emr_ray.spec import MLflowSection, TrainJobSpec
+
+    with pytest.raises(SpecError, match="dtype 'int8'"):
+        TrainJobSpec(
+            train_loop="include.models.text:train_loop",
+            datasets={"train": "file:///tmp/s/dt=2026-11-02/train"},
+            run_name="r",
+            storage_path="file:///tmp/c",
+            mlflow=MLflowSection(tracking_uri="file:///tmp/m", experiment_name="e"),
+            config={"label_column": "y", "inputs": [{"name": "t", "column": "t", "dtype": "int8"}]},
+        )
