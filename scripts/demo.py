@@ -1,8 +1,9 @@
-"""`make demo`: run the tabular retraining DAG end to end on the embedded local stack.
+"""`make demo`: run a retraining DAG end to end on the embedded local stack (the tabular one by default).
 
 Starts a COS stand-in and a Ray head on 127.0.0.1 (inside a loopback-only network namespace),
-writes three days of synthetic raw partitions into the local COS bucket, runs
-``airflow dags test retrain_tabular <date>``, and prints what was processed, trained and registered.
+writes three days of raw partitions for the chosen DAG into the local COS bucket, runs
+``airflow dags test <dag> <date>``, and prints what was processed, trained and registered.
+``make demo ARGS="--dag retrain_text"`` picks another workload (``--help`` lists them).
 All state lives in ``.state/demo`` (``make clean`` resets it). Rerunning is safe: each partition's
 outputs are replaced, and a finished training with the same inputs is reused, not repeated.
 """
@@ -17,7 +18,10 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devstack.stack import LocalStack
 from emr_ray import partitions, storage
@@ -25,11 +29,61 @@ from emr_ray.params import HISTORY_START_ENV, history_start
 
 PROJECT = Path(__file__).resolve().parents[1]
 
-SHOW = re.compile(r"\[emr_ray\] epoch|Read \d+ rows|Wrote output|Committed generation|superseded|Submitted Ray job|Reattaching"
+SHOW = re.compile(r"\[emr_ray\] (epoch|iteration)|Read \d+ rows|Wrote output|Committed generation|superseded|Submitted Ray job|Reattaching"
                   r"|Final test_|champion|Marking task as|Ray \d+\.\d+.* node|ERROR|Error|failed")  # fmt: skip
 NOISE = re.compile(r"DeprecationWarning|StatusConsoleListener")
-DAG_ID = "retrain_tabular"
-MODEL = "tabular-mlp"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One of the DAGs `make demo` can run: its registered model, where its raw and staged data live."""
+
+    dag_id: str
+    model: str
+    what: str
+    raw: str | None = None  # the raw dataset's folder in the demo bucket (None: the DAG reads no data)
+    staged: str | None = None  # its staged folder under the staging root
+    write: Callable[[str, str, int, Any, int], list[str]] | None = (
+        None  # (root, first day, days, options, rows)
+    )
+
+
+def _tabular(root: str, first: str, days: int, options: Any, rows: int) -> list[str]:
+    from include.data import synthetic
+
+    return synthetic.write_partitions(root, first, days, rows, options)
+
+
+def _digits(root: str, first: str, days: int, options: Any, rows: int) -> list[str]:
+    from include.data import digits
+
+    return digits.write_partitions(root, first, days, options)
+
+
+def _text(root: str, first: str, days: int, options: Any, rows: int) -> list[str]:
+    from include.data import text
+
+    return text.write_partitions(root, first, days, options)
+
+
+def _interactions(root: str, first: str, days: int, options: Any, rows: int) -> list[str]:
+    from include.data import interactions
+
+    return interactions.write_partitions(root, first, days, options)
+
+
+WORKLOADS = {
+    w.dag_id: w
+    for w in (
+        Workload("retrain_tabular", "tabular-mlp", "an MLP on synthetic tabular rows", "raw", "tabular", _tabular),
+        Workload("retrain_digits", "digits-cnn", "a CNN on sklearn's 8x8 digits", "raw_digits", "digits", _digits),
+        Workload("retrain_text", "text-sentiment", "a sentiment classifier on generated reviews", "raw_text",
+                 "text", _text),
+        Workload("retrain_recsys", "recsys-two-tower", "a two-tower recommender on generated interactions",
+                 "raw_interactions", "recsys", _interactions),
+        Workload("retrain_rl", "cartpole-ppo", "PPO (RLlib) on Gymnasium's CartPole"),
+    )
+}  # fmt: skip
 
 
 def tidy(line: str) -> str:
@@ -40,9 +94,9 @@ def tidy(line: str) -> str:
     return line[:200]
 
 
-def run_dag(env: dict[str, str], date: str, log_path: Path) -> int:
+def run_dag(env: dict[str, str], dag_id: str, date: str, log_path: Path) -> int:
     """``airflow dags test``, its full output to a log file, the lines a user cares about to the console."""
-    cmd = [str(Path(sys.executable).with_name("airflow")), "dags", "test", DAG_ID, date]
+    cmd = [str(Path(sys.executable).with_name("airflow")), "dags", "test", dag_id, date]
     with open(log_path, "w") as log, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                       text=True, cwd=PROJECT) as proc:  # fmt: skip
         assert proc.stdout is not None
@@ -53,26 +107,35 @@ def run_dag(env: dict[str, str], date: str, log_path: Path) -> int:
         return proc.wait()
 
 
-def summary(stack: LocalStack, date: str) -> None:
+def summary(stack: LocalStack, workload: Workload, date: str) -> None:
     import mlflow
 
-    manifest = partitions.require_current(storage.join(stack.staging_uri, "tabular", f"dt={date}")).manifest
+    model_name = workload.model
     client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
-    versions = [v for v in client.search_model_versions(f"name='{MODEL}'") if v.tags.get("partition") == date]
+    versions = [
+        v for v in client.search_model_versions(f"name='{model_name}'") if v.tags.get("partition") == date
+    ]
     latest = max(versions, key=lambda v: int(v.version)) if versions else None
-    aliases = client.get_registered_model(MODEL).aliases if latest else {}
+    aliases = client.get_registered_model(model_name).aliases if latest else {}
     print("\n==> Result")
-    print(f"    partition           {date}  ({stack.raw_uri}/dt={date})")
-    print(f"    rows in             {manifest['rows_in']}")
-    print("    rows out            " + ", ".join(f"{k}={v['rows']}" for k, v in manifest["outputs"].items()))
+    if workload.staged:
+        staged = storage.join(stack.staging_uri, workload.staged, f"dt={date}")
+        manifest = partitions.require_current(staged).manifest
+        print(f"    partition           {date}  ({raw_root(stack, workload)}/dt={date})")
+        print(f"    rows in             {manifest['rows_in']}")
+        print(
+            "    rows out            " + ", ".join(f"{k}={v['rows']}" for k, v in manifest["outputs"].items())
+        )
     if latest:
         run = client.get_run(latest.run_id)
         metrics = {
             k: round(v, 4)
             for k, v in run.data.metrics.items()
-            if k.startswith(("test_", "final_", "train_loss"))
+            if k.startswith(
+                ("test_", "final_", "train_loss", "recall", "popularity", "ndcg", "episode_return")
+            )
         }
-        print(f"    model               {MODEL} version {latest.version}  (run {latest.run_id})")
+        print(f"    model               {model_name} version {latest.version}  (run {latest.run_id})")
         print(f"    metrics             {json.dumps(metrics)}")
         print(f"    aliases             {json.dumps(aliases)}")
         print(f"    version tags        partition={latest.tags.get('partition')} "
@@ -85,8 +148,14 @@ def summary(stack: LocalStack, date: str) -> None:
     print(
         f"    Ray dashboard       {stack.ray.dashboard_url if stack.ray else ''} (while the demo runs, inside its namespace)"
     )
-    print(f"    staged data         {stack.staging_uri}/tabular/dt={date}")
+    if workload.staged:
+        print(f"    staged data         {stack.staging_uri}/{workload.staged}/dt={date}")
     print(f"    full Airflow log    {stack.root / 'dags_test.log'}")
+
+
+def raw_root(stack: LocalStack, workload: Workload) -> str:
+    """Where the DAG reads its raw partitions in the demo bucket (its Variable's default)."""
+    return stack.raw_uri.rsplit("/", 1)[0] + f"/{workload.raw}"
 
 
 class UserError(Exception):
@@ -116,7 +185,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     yesterday = (dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
     parser.add_argument("--date", default=yesterday, help="logical date / partition (default: yesterday)")
-    parser.add_argument("--rows", type=int, default=20000, help="rows per raw partition")
+    parser.add_argument("--rows", type=int, default=20000, help="rows per raw partition (tabular and text)")
+    parser.add_argument(
+        "--dag",
+        default="retrain_tabular",
+        choices=sorted(WORKLOADS),
+        help="the DAG to run: " + "; ".join(f"{w.dag_id}: {w.what}" for w in WORKLOADS.values()),
+    )
     args = parser.parse_args()
     try:
         args.date = check_date(args.date)
@@ -146,20 +221,20 @@ def run(args: argparse.Namespace) -> int:
     stack = LocalStack(PROJECT / ".state" / "demo", PROJECT).start()
     try:
         env = os.environ | stack.dags_test_env()
-        from include.data.synthetic import write_partitions
-
-        first = (dt.date.fromisoformat(args.date) - dt.timedelta(days=2)).isoformat()
-        written = write_partitions(stack.raw_uri, first, 3, args.rows, stack.storage_options())
-        print(f"==> Wrote {len(written)} raw partitions of {args.rows} rows: {written[0]} .. {written[-1]}")
+        workload = WORKLOADS[args.dag]
+        if workload.write is not None:
+            first = (dt.date.fromisoformat(args.date) - dt.timedelta(days=2)).isoformat()
+            written = workload.write(raw_root(stack, workload), first, 3, stack.storage_options(), args.rows)
+            print(f"==> Wrote {len(written)} raw partitions: {written[0]} .. {written[-1]}")
         print("==> Preparing the Airflow home (SQLite)", flush=True)
         subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        print(f"==> airflow dags test {DAG_ID} {args.date}", flush=True)
-        code = run_dag(env, args.date, stack.root / "dags_test.log")
+        print(f"==> airflow dags test {workload.dag_id} {args.date}", flush=True)
+        code = run_dag(env, workload.dag_id, args.date, stack.root / "dags_test.log")
         if code != 0:
             print(f"\nThe DAG run failed (exit {code}); see {stack.root / 'dags_test.log'}", file=sys.stderr)
             return code
-        summary(stack, args.date)
+        summary(stack, workload, args.date)
         print(f"\n==> Done in {time.monotonic() - started:.0f}s")
         return 0
     finally:

@@ -129,6 +129,7 @@ def get_provider_info() -> dict:
                     "emr_ray.operators.ray_check",
                     "emr_ray.operators.raydp",
                     "emr_ray.operators.torch",
+                    "emr_ray.operators.rllib",
                 ],
             },
             {"integration-name": "MLflow", "python-modules": ["emr_ray.operators.mlflow"]},

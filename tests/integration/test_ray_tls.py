@@ -60,7 +60,7 @@ def test_https_with_a_ca_bundle_path_runs_a_job_sync_and_deferred(connect, tls_p
     ti = FakeTaskInstance("echo")
     polled = RayJobOperator(task_id="echo", ray_conn_id=conn_id, spec={"payload": {"tls": 1}},
                             poll_interval=0.5).execute({"ti": ti})  # fmt: skip
-    assert polled == {"echo": {"tls": 1}}
+    assert polled["echo"] == {"tls": 1}
     assert any(str(v).startswith(f"{tls_proxy.url}/#/jobs/airflow-") for v in ti.xcom.values())
 
     from airflow.sdk.exceptions import TaskDeferred
@@ -72,7 +72,7 @@ def test_https_with_a_ca_bundle_path_runs_a_job_sync_and_deferred(connect, tls_p
         op.execute({"ti": ti})
     event = run_trigger(deferred.value.trigger)  # the trigger's async client, over the same TLS
     assert event["status"] == "success", event
-    assert op.execute_complete({"ti": ti}, event) == polled
+    assert op.execute_complete({"ti": ti}, event)["echo"] == polled["echo"]
     assert tls_proxy.counts()["connections"] >= 2
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 #: the versions this provider is tested with, for the fix a missing-package message names
 #: (tests/unit/jobs/test_code.py keeps them equal to requirements.txt)
 TESTED_PINS = {
-    "ray": "ray[default,train,data]==2.60.0",
+    "ray": "ray[default,train,data,rllib]==2.60.0",
     "raydp": "raydp==1.6.5",
     "pyspark": "pyspark==3.5.7",
     "mlflow": "mlflow==3.17.2",

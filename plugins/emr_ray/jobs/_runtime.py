@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from emr_ray import secrets, storage
+from emr_ray.jobs import _usage
 from emr_ray.jobs._code import code_origin, explain_import_error
 from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, SpecPart, decode_spec
 
@@ -37,7 +38,11 @@ def main(
     *,
     spec_type: type[SpecPart] | None = None,
 ) -> None:
-    """Decode the spec (into ``spec_type`` when given), run, print the marked result; exit 2 on bad input."""
+    """Decode the spec (into ``spec_type`` when given), run, print the marked result; exit 2 on bad input.
+
+    A dict result also gets ``usage``: what the job used (:mod:`emr_ray.jobs._usage`).
+    """
+    _usage.start()
     parser = argparse.ArgumentParser()
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--spec-b64", help="the spec, as the operator encodes it")
@@ -62,6 +67,8 @@ def main(
         _fail(e, code=1)
     if spec_type is not None and isinstance(result, dict):  # the Spark and training jobs
         result["code_origin"] = code_origin()
+    if isinstance(result, dict):
+        result["usage"] = _usage.report()  # never raises
     line = json.dumps(result, sort_keys=True, default=str)
     if args.result_file:
         with open(args.result_file, "w") as f:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from emr_ray import partitions, storage
+from emr_ray.jobs import _usage
 from emr_ray.jobs._runtime import JobInputError, main
 from emr_ray.jobs.validation import schema_problems, value_problems
 from emr_ray.spec import SparkJobSpec, import_by_path
@@ -154,11 +155,13 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
 
     files = input_files(input_uri, options)
     _raise_if(schema_problems(files, config.get("schema", {}), input_uri, options), input_uri)
+    _usage.lap("check_input")
     if spec.validate_only:
         rows_in = storage.count_parquet_rows(files, input_uri, options)
         log.info("Validated %s (dry run: committed, schema, %d rows); nothing written", input_uri, rows_in)
         return {"partition": partition, "input_uri": input_uri, "rows_in": rows_in, "validated": True}
     ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
+    _usage.lap("ray_connect")
     hadoop = storage.spark_hadoop_configs([input_uri, output_uri], options)
     if hadoop:
         log.info("hdfs:// goes to WebHDFS at %s (ViewFileSystemOverloadScheme)",
@@ -175,6 +178,7 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
         placement_group_strategy=spark_spec.placement_group_strategy,
         configs=spark_configs({**hadoop, **spark_spec.configs}),
     )
+    _usage.lap("spark_start")
     log.info("Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each", time.monotonic() - started,
              spark_spec.num_executors, spark_spec.executor_cores, spark_spec.executor_memory)  # fmt: skip
     generation = partitions.new_generation()
@@ -185,6 +189,7 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
         _raise_if(value_problems(df, config.get("finite_columns", [])), input_uri)
         rows_in = df.count()
         log.info("Read %d rows from %s", rows_in, input_uri)
+        _usage.lap("read")
         if rows_in == 0:
             raise JobInputError(f"Input partition {input_uri} has 0 rows; nothing to preprocess.")
         outputs = preprocess(df, config)
@@ -194,7 +199,9 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
         for name, out in outputs.items():
             out = out.cache()
             rows = out.count()
+            _usage.lap("compute")
             write_output(out, partitions.output_uri(output_uri, generation, name), options)
+            _usage.lap("write")
             written[name] = {"rows": rows,
                              "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
             log.info("Wrote output %r: %d rows", name, rows)
@@ -208,8 +215,10 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
             "preprocess": spec.preprocess,
         }
         committed = partitions.commit(output_uri, generation, manifest, options, keep=spec.keep_generations)
+        _usage.lap("commit")
     finally:
         raydp.stop_spark()
+        _usage.lap("spark_stop")
         if committed is None:
             partitions.discard(output_uri, generation, options)
     return {

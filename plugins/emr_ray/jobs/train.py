@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from emr_ray import batches, partitions, storage
+from emr_ray.jobs import _usage, shards
 from emr_ray.jobs import compare as comparing
-from emr_ray.jobs import shards
 from emr_ray.jobs import train_mlflow as tracking
 from emr_ray.jobs._runtime import JobInputError, main
 from emr_ray.reuse import FORCE_ENV
@@ -252,6 +252,7 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     print_key = fingerprint(spec, input_manifests(spec, options, inputs))
     run_state = RunState(*storage.resolve(storage.join(spec.storage_path, spec.run_name), options))
     state = resume_state(spec, run_state, print_key, force=os.environ.get(FORCE_ENV) == "1")
+    _usage.lap("check_inputs")
     if state.get("result"):
         log.info(
             "Training %s already finished with these inputs; returning its stored result.", spec.run_name
@@ -266,10 +267,12 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     # Ray Train passes this variable from the driver to its controller and workers.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
+    _usage.lap("ray_connect")
     started = time.monotonic()
     plan = plan_datasets(spec, options, inputs)
     rows = planned_rows(plan, spec)
     log.info("Planned per-worker shards of %s rows in %.1fs", rows, time.monotonic() - started)
+    _usage.lap("plan")
 
     resuming = state.get("mlflow_run_id")
     state = {"fingerprint": print_key, "mlflow_run_id": tracking.start_run(spec, resuming)}
@@ -277,9 +280,12 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     mlflow_run_id = state["mlflow_run_id"]
     if resuming:
         tracking.backfill_checkpointed_epochs(run_state.fsys, run_state.path, spec, mlflow_run_id)
+    _usage.lap("mlflow_start")
 
     trainer = build_trainer(spec, plan, options, mlflow_run_id)
+    _usage.lap("build_trainer")
     fitted = fit_and_log(trainer, spec, plan, options, mlflow_run_id)
+    _usage.lap("log", fit=fitted.seconds)  # fit: worker group start + epochs (their seconds: epoch metrics)
     output = result_of(spec, fitted, mlflow_run_id, rows)
     run_state.write(state | {"result": output})
     return output

@@ -66,7 +66,9 @@ class RayJobOperator(BaseOperator):
     """Run one of the package's cluster-side jobs (``emr_ray.jobs.<name>``) through the Ray Jobs API.
 
     The submission id is derived from the task instance (one per try). The job log streams into the
-    task log; the job's JSON result is the XCom.
+    task log; the job's JSON result is the XCom. Every result carries ``usage``, what the job used
+    (wall time, CPU- and GPU-seconds reserved, peak memory, seconds per phase:
+    :mod:`emr_ray.jobs._usage`), and the task log shows it in one line (``Used: 1 job, ...``).
 
     **Reuse.** A retried task first looks for the jobs of its earlier tries and takes over one that
     is PENDING, RUNNING or SUCCEEDED, but only when it was submitted with the same spec digest
@@ -370,6 +372,7 @@ class RayJobOperator(BaseOperator):
         self.log.info("Ray job %s ended %s", submission_id, event.get("job_status"))
         if event["status"] == "success":
             self._lineage_result = event["result"]  # both wait paths end here: what lineage reports
+            self.report_usage(event["result"])
             return event["result"]
         reason = event.get("reason")
         message = (
@@ -393,6 +396,14 @@ class RayJobOperator(BaseOperator):
             error = RayJobUnschedulableError if event.get("unschedulable") else RayJobPendingTimeoutError
             raise error(message)
         raise RayJobFailedError(message)
+
+    def report_usage(self, result: Mapping[str, Any]) -> None:
+        """Log what the job used (its result's ``usage``, which the XCom carries too: see
+        :mod:`emr_ray.jobs._usage`); subclasses also record it where their results go."""
+        from emr_ray.jobs._usage import summary
+
+        if isinstance(result, Mapping) and isinstance(result.get("usage"), Mapping):
+            self.log.info("Used: %s", summary(result["usage"]))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Resume after deferral: show the job log's tail, then the same reading as the poking path."""

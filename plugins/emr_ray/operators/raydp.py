@@ -22,7 +22,9 @@ class RayDPSparkOperator(RayJobOperator):
     a mix, even with two writers or a crash. Spark is always stopped.
     The XCom: partition, input and output URIs, ``generation``, ``outputs`` (each output's URI inside
     that generation: pass them to the training task so it reads exactly this run's data), rows in and
-    rows out per output, and ``superseded_by`` when another writer committed later.
+    rows out per output, ``superseded_by`` when another writer committed later, and ``usage`` (what the
+    job used, by phase: ``spark_start``, ``read``, ``compute``, ``write``, ``commit``; see
+    :mod:`emr_ray.jobs._usage`).
 
     Lineage (with Airflow's OpenLineage provider): the input partition in, each output of the committed
     generation out, with its schema, row and file counts and the generation as its version

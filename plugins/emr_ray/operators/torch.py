@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,8 @@ class TorchTrainOperator(RayJobOperator):
     training task gets the params, per-epoch metrics, a ``loss_curve.png`` and the final model
     (``model``, with signature and input example). The XCom:
     ``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``, ``best_metrics``, ``epochs_completed``,
-    ``comparison``.
+    ``comparison``, ``usage`` (what the job used, by phase: ``plan``, ``fit``, ``log``...; also logged on
+    the MLflow run as ``usage.*`` metrics).
 
     Lineage (with Airflow's OpenLineage provider): in, the pinned generation outputs of ``datasets``; out, the
     run's model (``runs:/<run id>/model`` on the tracking server) and the best checkpoint
@@ -210,6 +212,28 @@ class TorchTrainOperator(RayJobOperator):
                 comparison["challenger"],
             )
         return result
+
+    def report_usage(self, result: Mapping[str, Any]) -> None:
+        """Log the job's usage, and log it as ``usage.*`` metrics on the MLflow run it trained (not on a
+        reused run: that run already has the figures of the job that trained it). Never fails the task."""
+        super().report_usage(result)
+        from emr_ray.jobs._usage import mlflow_metrics
+
+        run_id, usage = result.get("mlflow_run_id"), result.get("usage")
+        metrics = mlflow_metrics(usage) if isinstance(usage, Mapping) else {}
+        if not run_id or not metrics or result.get("reused"):
+            return
+        try:
+            from mlflow.entities import Metric
+
+            stamp = int(time.time() * 1000)
+            with self.mlflow_hook.credentials():
+                self.mlflow_hook.client.log_batch(
+                    run_id, metrics=[Metric(key, value, stamp, 0) for key, value in sorted(metrics.items())]
+                )
+        except Exception as e:
+            self.log.warning("Could not log the job's usage to MLflow run %s (%s: %s); the XCom has it",
+                             run_id, type(e).__name__, e)  # fmt: skip
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the pinned generation outputs in, the MLflow run's model out (never raises)."""

@@ -33,7 +33,7 @@ def tasks_request(dag) -> RunRequest:
     )
 
 
-@pytest.mark.parametrize("dag_id", ["retrain_tabular", "retrain_digits"])
+@pytest.mark.parametrize("dag_id", ["retrain_tabular", "retrain_digits", "retrain_recsys"])
 def test_the_cluster_check_asks_for_what_the_tasks_request(dagbag, dag_id):
     dag = dagbag.dags[dag_id]
     check, train, preprocess = (

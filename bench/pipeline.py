@@ -1,0 +1,414 @@
+"""Benchmark: where a run of the tabular DAG spends its time, per task and per partition size, and what a
+backfill gets out of the cluster.
+
+**Sizes.** On one warm local stack (Ray head, COS stand-in, MLflow; started once, then a warm-up run),
+``airflow dags test retrain_tabular <date>`` runs the DAG's real operators on a raw partition of each
+``--sizes`` row count (``include.data.synthetic``), with the DAG's settings (5 epochs, 2 workers). Each
+Ray task's wall time is split, from Airflow's task instance, the Jobs API and the job's own ``usage``
+(:mod:`emr_ray.jobs._usage`):
+
+- ``airflow_start``: task start -> job submitted (render, connections, code shipping, spec);
+- ``submit_to_running``: submitted -> the job's driver process started (runtime env, supervisor);
+- the job's phases (Spark: ``startup`` = interpreter and imports, ``check_input``, ``ray_connect``,
+  ``spark_start``, ``read``, ``compute``, ``write``, ``commit``, ``spark_stop``; training: ``startup``,
+  ``check_inputs``, ``ray_connect``, ``plan``, ``mlflow_start``, ``build_trainer``, ``worker_group`` (fit
+  less its epochs: worker group start, loop set-up, checkpoints, reports), ``epochs`` (the epochs' own
+  seconds, from their ``train_rows / rows_per_second`` metrics in MLflow), ``log`` (model, loss curve,
+  champion comparison, final metrics));
+- ``job_exit``: the job's result -> the Jobs API's end time; ``airflow_finish``: job end -> task end
+  (last poll, log tail, XCom).
+
+The other tasks (sensor, cluster check, short-circuit, MLflow registration) are reported whole. For
+each component a least-squares line over the sizes separates the **fixed** part (intercept, s) from
+the part that **grows** (s per 1M rows).
+
+**Backfill.** A running Airflow on the same stack (``devstack.airflow.LocalAirflow``: PostgreSQL,
+LocalExecutor, deferrable operators, the ``ray_cluster`` pool sized from the cluster) backfills
+``--backfill-days`` partitions of ``--backfill-rows`` rows with the DAG's settings
+(``max_active_runs``, pools). Reported: total wall against N x one partition (the ``dags test`` run of
+that size, when this run measured it), and cluster utilisation: CPU-seconds reserved by the Ray jobs
+(their ``usage``) over the cluster's CPUs x the backfill's wall, how many Ray jobs ran at once, and how
+much of the wall no Ray job ran at all (Airflow between tasks).
+
+Run inside the loopback-only namespace, in pieces if need be::
+
+    bash scripts/loopback.sh .venv/bin/python -m bench.pipeline --sizes 20000,200000 --no-backfill
+    bash scripts/loopback.sh .venv/bin/python -m bench.pipeline --sizes "" --backfill-days 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench._common import REPO, RESULTS, STATE, machine, table, write_json
+
+DAG_ID = "retrain_tabular"
+RAY_TASKS = ("preprocess", "train")
+SPARK_PHASES = ("startup", "check_input", "ray_connect", "spark_start", "read", "compute", "write", "commit",
+                "spark_stop")  # fmt: skip
+TRAIN_PHASES = ("startup", "check_inputs", "ray_connect", "plan", "mlflow_start", "build_trainer", "worker_group",
+                "epochs", "log")  # fmt: skip
+FIRST_SIZE_DATE = dt.date(2026, 9, 1)  # one date per size; the backfill's dates follow them
+WARMUP_DATE, WARMUP_ROWS = "2026-08-31", 2000
+
+
+# -- report maths (pure) ----------------------------------------------------------------------------
+def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``seconds = fixed + per_row * rows`` over ``(rows, seconds)``; None below 2 sizes."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    mx = statistics.mean(x for x, _ in points)
+    my = statistics.mean(y for _, y in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
+
+
+def split_task(
+    ti: dict[str, float], job: dict[str, Any], usage: dict[str, Any], epochs_s: float | None
+) -> dict:
+    """One Ray task's wall time (task start -> end) in components, in the order they happen."""
+    phases = dict(usage.get("phases") or {})
+    parts: dict[str, float] = {"airflow_start": job["submitted"] - ti["start"]}
+    parts["submit_to_running"] = usage["started_at"] - job["submitted"]
+    if "fit" in phases:  # training: fit = worker group (start, set-up, checkpoints, reports) + epochs
+        fit = phases.pop("fit")
+        phases["worker_group"] = fit - (epochs_s or 0.0)
+        phases["epochs"] = epochs_s or 0.0
+    order = SPARK_PHASES if "spark_start" in phases else TRAIN_PHASES
+    for name in order:
+        parts[name] = phases.pop(name, 0.0)
+    parts["job_other"] = usage["wall_seconds"] - sum(parts[n] for n in order) - sum(phases.values())
+    parts.update(phases)  # any phase the job added since
+    parts["job_exit"] = job["ended"] - usage["ended_at"]
+    parts["airflow_finish"] = ti["end"] - job["ended"]
+    return {k: round(v, 2) for k, v in parts.items()}
+
+
+def busy_timeline(spans: list[tuple[float, float]], start: float, end: float) -> dict[str, float]:
+    """How much of ``[start, end]`` had no job running, and the most jobs running at once."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running = most = 0
+    idle = 0.0
+    last = start
+    for when, change in events:
+        if running == 0:
+            idle += max(when - last, 0.0)
+        running += change
+        most = max(most, running)
+        last = when
+    idle += max(end - last, 0.0) if running == 0 else 0.0
+    return {"idle_s": round(idle, 1), "max_concurrent_jobs": most}
+
+
+# -- measuring --------------------------------------------------------------------------------------
+def _utc(text: str | None) -> float:
+    when = dt.datetime.fromisoformat(str(text))
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def ray_jobs(stack, run_ids: set[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The Ray jobs of these Airflow runs, by (run id, task id): submission and end times and the result."""
+    from ray.job_submission import JobSubmissionClient
+
+    from emr_ray.spec import RESULT_MARKER, parse_marked
+
+    client = JobSubmissionClient(
+        stack.ray.dashboard_url, headers={"Authorization": f"Bearer {stack.ray.token}"}
+    )
+    jobs: dict[tuple[str, str], dict[str, Any]] = {}
+    for info in client.list_jobs():
+        meta = info.metadata or {}
+        if meta.get("airflow_run_id") not in run_ids or info.status != "SUCCEEDED":
+            continue
+        result = parse_marked(client.get_job_logs(info.submission_id), RESULT_MARKER) or {}
+        key = (meta["airflow_run_id"], meta["airflow_task_id"])
+        if key not in jobs or info.start_time > jobs[key]["submitted"] * 1000:  # the last try's job
+            jobs[key] = {"submission_id": info.submission_id, "submitted": info.start_time / 1000,
+                         "ended": info.end_time / 1000, "result": result}  # fmt: skip
+    return jobs
+
+
+def epoch_seconds(tracking_uri: str, run_id: str) -> float | None:
+    """The epochs' own seconds (rank 0): ``train_rows / rows_per_second`` per epoch, from MLflow."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    rows = {m.step: m.value for m in client.get_metric_history(run_id, "train_rows")}
+    rates = {m.step: m.value for m in client.get_metric_history(run_id, "rows_per_second")}
+    return sum(rows[s] / rates[s] for s in rows if rates.get(s)) or None
+
+
+def dags_test(stack, date: str) -> tuple[float, subprocess.CompletedProcess]:
+    cmd = [str(Path(sys.executable).with_name("airflow")), "dags", "test", DAG_ID, date]
+    env = os.environ | stack.dags_test_env()
+    started = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode:
+        raise RuntimeError(f"dags test {date} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return time.monotonic() - started, done
+
+
+def task_instances(stack, date: str) -> tuple[str, dict[str, dict[str, float]]]:
+    """The latest ``dags test`` run of ``date`` and its task instances' start and end (SQLite)."""
+    db = sqlite3.connect(Path(stack.dags_test_env()["AIRFLOW_HOME"]) / "airflow.db")
+    try:
+        (run_id,) = db.execute(
+            "SELECT run_id FROM dag_run WHERE dag_id = ? AND logical_date LIKE ? ORDER BY id DESC LIMIT 1",
+            (DAG_ID, f"{date}%"),
+        ).fetchone()
+        rows = db.execute(
+            "SELECT task_id, start_date, end_date FROM task_instance WHERE dag_id = ? AND run_id = ?",
+            (DAG_ID, run_id),
+        ).fetchall()
+    finally:
+        db.close()
+    return run_id, {t: {"start": _utc(s), "end": _utc(e)} for t, s, e in rows if s and e}
+
+
+def measure_size(stack, rows: int, date: str) -> dict[str, Any]:
+    load_before = round(os.getloadavg()[0], 2)
+    total, _ = dags_test(stack, date)
+    run_id, tis = task_instances(stack, date)
+    jobs = ray_jobs(stack, {run_id})
+    tasks: dict[str, Any] = {}
+    for task_id, ti in tis.items():
+        job = jobs.get((run_id, task_id))
+        if task_id not in RAY_TASKS or not job:
+            tasks[task_id] = {"total": round(ti["end"] - ti["start"], 2)}
+            continue
+        result = job["result"]
+        epochs = epoch_seconds(stack.tracking_uri, result["mlflow_run_id"]) if task_id == "train" else None
+        parts = split_task(ti, job, result["usage"], epochs)
+        tasks[task_id] = parts | {"total": round(ti["end"] - ti["start"], 2)}
+        tasks[task_id]["usage"] = result["usage"]
+    first = min(t["start"] for t in tis.values())
+    last = max(t["end"] for t in tis.values())
+    return {
+        "rows": rows,
+        "date": date,
+        "run_id": run_id,
+        "dags_test_s": round(total, 1),
+        "tasks_span_s": round(last - first, 1),
+        "tasks": tasks,
+        "load1_before_after": [load_before, round(os.getloadavg()[0], 2)],
+    }
+
+
+def fits(sizes: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Fixed seconds and seconds per 1M rows of each task's components, over the sizes."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for task_id in sizes[0]["tasks"] if sizes else []:
+        components = [k for k, v in sizes[0]["tasks"][task_id].items() if isinstance(v, (int, float))]
+        for name in components:
+            points = [(s["rows"], s["tasks"][task_id].get(name, 0.0)) for s in sizes if task_id in s["tasks"]]
+            line = linear_fit(points)
+            if line:
+                out.setdefault(task_id, {})[name] = {"fixed_s": round(line[0], 2),
+                                                     "s_per_1M_rows": round(line[1] * 1e6, 2)}  # fmt: skip
+    return out
+
+
+def backfill(stack, days: int, rows: int, first: dt.date) -> dict[str, Any]:
+    """A backfill of ``days`` dates through a running Airflow, with the DAG's own settings."""
+    from devstack.airflow import LocalAirflow, ray_pool_slots
+    from emr_ray.params import MAX_ACTIVE_RUNS
+    from tests.fixtures.airflow_live import Api, wait_for_runs
+
+    dates = [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
+    airflow = LocalAirflow(stack, stack.root / "airflow-live", port=8080).start()
+    try:
+        api = Api(airflow)
+        deadline = time.monotonic() + 300
+        while True:  # the DAG processor parses the DAG first
+            try:
+                api.call("GET", f"/api/v2/dags/{DAG_ID}", retries=1)
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(3)
+        api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+        body = {"dag_id": DAG_ID, "from_date": f"{dates[0]}T00:00:00Z", "to_date": f"{dates[-1]}T00:00:00Z",
+                "reprocess_behavior": "completed", "max_active_runs": MAX_ACTIVE_RUNS, "dag_run_conf": {}}  # fmt: skip
+        started = time.time()
+        api.call("POST", "/api/v2/backfills", body)
+        runs: list[dict] = []
+        while len(runs) < days:
+            runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
+            time.sleep(3)
+        # unpausing also made the scheduled run of the latest day: not ours (its sensor only waits)
+        for run in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]:
+            api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
+        finished = wait_for_runs(api, {r["dag_run_id"] for r in runs}, timeout=4 * 3600)
+        ended = max(_utc(r["end_date"]) for r in finished.values())
+        api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
+    finally:
+        airflow.stop()
+    jobs = ray_jobs(stack, set(finished))
+    wall = ended - started
+    cpus = float(stack.num_cpus)
+    reserved = sum(j["result"].get("usage", {}).get("cpu_seconds_reserved", 0.0) for j in jobs.values())
+    per_task: dict[str, list[float]] = {}
+    for (_, task_id), job in jobs.items():
+        per_task.setdefault(task_id, []).append(
+            job["result"].get("usage", {}).get("cpu_seconds_reserved", 0.0)
+        )
+    durations = sorted(_utc(r["end_date"]) - _utc(r["start_date"]) for r in finished.values())
+    return {
+        "days": days,
+        "rows": rows,
+        "dates": dates,
+        "states": sorted(r["state"] for r in finished.values()),
+        "wall_s": round(wall, 1),
+        "run_seconds_median": round(statistics.median(durations), 1),
+        "ray_pool_slots": ray_pool_slots(cpus),
+        "max_active_runs": MAX_ACTIVE_RUNS,
+        "cluster_cpus": cpus,
+        "cpu_seconds_reserved": round(reserved, 1),
+        "cpu_seconds_reserved_per_task": {k: round(sum(v), 1) for k, v in per_task.items()},
+        "utilisation": round(reserved / (cpus * wall), 3),
+        "jobs": len(jobs),
+        **busy_timeline([(j["submitted"], j["ended"]) for j in jobs.values()], started, ended),
+        "load1_end": round(os.getloadavg()[0], 2),
+    }
+
+
+# -- output -----------------------------------------------------------------------------------------
+def report(result: dict[str, Any]) -> str:
+    sizes = result.get("sizes", [])
+    text = [f"pipeline: load average at start {result['machine']['loadavg_at_start']}"]
+    if sizes:
+        headers = (
+            ["task / component"] + [f"{s['rows']:,} rows s" for s in sizes] + ["fixed s", "s per 1M rows"]
+        )
+        rows = []
+        for task_id in sizes[0]["tasks"]:
+            first = sizes[0]["tasks"][task_id]
+            for name in first:
+                if name == "usage":
+                    continue
+                cells = [f"{s['tasks'].get(task_id, {}).get(name, 0.0):.1f}" for s in sizes]
+                fit = result.get("fits", {}).get(task_id, {}).get(name)
+                label = f"**{task_id}**" if name == "total" else f"{task_id} / {name}"
+                rows.append([label, *cells, f"{fit['fixed_s']:.1f}" if fit else "-",
+                             f"{fit['s_per_1M_rows']:.1f}" if fit else "-"])  # fmt: skip
+        rows.append(["**dags test, whole run**", *[f"{s['dags_test_s']:.1f}" for s in sizes], "-", "-"])
+        rows.append(["load1 before / after", *[" / ".join(map(str, s["load1_before_after"])) for s in sizes],
+                     "-", "-"])  # fmt: skip
+        text += ["", table(headers, rows)]
+        for s in sizes:
+            for task_id in RAY_TASKS:
+                usage = s["tasks"].get(task_id, {}).get("usage")
+                if usage:
+                    text.append(f"- {s['rows']:,} rows, {task_id}: {usage['wall_seconds']:.1f} s job wall, "
+                                f"{usage['cpu_seconds_reserved']:.1f} CPU-s reserved, held "
+                                + ", ".join(f"{k} x{v['count']} {v['cpu_seconds']:.1f} CPU-s"
+                                            for k, v in usage.get("held", {}).items()))  # fmt: skip
+    b = result.get("backfill")
+    if b:
+        one = next((s["dags_test_s"] for s in sizes if s["rows"] == b["rows"]), None)
+        text += [
+            "",
+            f"backfill of {b['days']} x {b['rows']:,} rows: {b['wall_s']:.0f} s wall"
+            + (
+                f" against {b['days']} x {one:.0f} s = {b['days'] * one:.0f} s one after another "
+                f"({b['wall_s'] / (b['days'] * one):.2f}x)"
+                if one
+                else ""
+            )  # fmt: skip
+            + f"; run states {b['states']}; median run {b['run_seconds_median']:.0f} s",
+            f"- cluster utilisation {b['utilisation']:.0%}: {b['cpu_seconds_reserved']:.0f} CPU-s reserved by "
+            f"{b['jobs']} Ray jobs ({b['cpu_seconds_reserved_per_task']}) over {b['cluster_cpus']:.0f} CPUs x "
+            f"{b['wall_s']:.0f} s",
+            f"- at most {b['max_concurrent_jobs']} Ray job(s) at once (ray_cluster pool: {b['ray_pool_slots']} "
+            f"slot(s); max_active_runs {b['max_active_runs']}); no Ray job running for {b['idle_s']:.0f} s of "
+            f"the {b['wall_s']:.0f} s",
+        ]
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="20000,200000,1000000", help="raw rows per partition, comma-separated "
+                        "('' skips the per-size runs)")  # fmt: skip
+    parser.add_argument(
+        "--no-backfill", action="store_true", help="skip the backfill through a running Airflow"
+    )
+    parser.add_argument("--backfill-days", type=int, default=7)
+    parser.add_argument("--backfill-rows", type=int, default=200_000)
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray head")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the 2,000-row warm-up run")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+
+    from devstack.stack import LocalStack
+    from include.data import synthetic
+
+    root = STATE / "pipeline"
+    shutil.rmtree(root, ignore_errors=True)  # each run starts from an empty stack
+    started = time.monotonic()
+    result: dict[str, Any] = {"machine": machine(), "sizes": []}
+    stack = LocalStack(root, REPO, num_cpus=args.cpus, postgres=not args.no_backfill).start()
+    try:
+        env = os.environ | stack.dags_test_env()
+        subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=env, check=True,
+                       capture_output=True)  # fmt: skip
+        options = stack.storage_options()
+        if sizes and not args.no_warmup:
+            synthetic.write_partitions(stack.raw_uri, WARMUP_DATE, 1, WARMUP_ROWS, options)
+            result["warmup_s"] = round(dags_test(stack, WARMUP_DATE)[0], 1)
+            print(f"warm-up run: {result['warmup_s']} s", flush=True)
+        for i, rows in enumerate(sizes):
+            date = (FIRST_SIZE_DATE + dt.timedelta(days=i)).isoformat()
+            synthetic.write_partitions(stack.raw_uri, date, 1, rows, options)
+            measured = measure_size(stack, rows, date)
+            result["sizes"].append(measured)
+            print(f"{rows:,} rows: dags test {measured['dags_test_s']} s", flush=True)
+        result["fits"] = fits(result["sizes"])
+        if sizes:  # kept even if the backfill below fails
+            write_json("pipeline-sizes.json", result | {"table": report(result)})
+        if not args.no_backfill:
+            first = FIRST_SIZE_DATE + dt.timedelta(days=len(sizes) + 1)
+            synthetic.write_partitions(stack.raw_uri, first.isoformat(), args.backfill_days, args.backfill_rows,
+                                       options)  # fmt: skip
+            try:
+                result["backfill"] = backfill(stack, args.backfill_days, args.backfill_rows, first)
+            except Exception as e:  # the per-size figures above are still written
+                result["backfill_error"] = f"{type(e).__name__}: {e}"
+                print(f"backfill failed: {result['backfill_error']}", flush=True)
+            if not sizes:  # "N x one partition" from an earlier sizes run of the same row count, if any
+                earlier = RESULTS / "pipeline-sizes.json"
+                if earlier.exists():
+                    result["sizes_from_earlier_run"] = [s for s in json.loads(earlier.read_text())["sizes"]
+                                                        if s["rows"] == args.backfill_rows]  # fmt: skip
+    finally:
+        stack.stop()
+    result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["total_s"] = round(time.monotonic() - started, 1)
+    text = report(result | {"sizes": result["sizes"] or result.get("sizes_from_earlier_run", [])})
+    result["table"] = text
+    name = (
+        "pipeline-sizes.json"
+        if args.no_backfill
+        else ("pipeline-backfill.json" if not sizes else "pipeline.json")
+    )
+    path = write_json(name, result)
+    print(text)
+    print(f"\nwritten {path} in {result['total_s']} s total")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""RLlibTrainOperator: reinforcement learning with an RLlib algorithm on a Gymnasium environment, as a Ray job."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from emr_ray.identity import TaskIdentity
+from emr_ray.operators.ray import RayJobOperator
+from emr_ray.spec import MLflowSection, RLlibJobSpec
+
+if TYPE_CHECKING:
+    from emr_ray.hooks.mlflow import MLflowHook
+
+
+class MLflowJobOperator(RayJobOperator):
+    """A Ray job that logs to MLflow: the connection's login reaches the job only as secret
+    environment variables, and a login MLflow refuses fails the task before any cluster work.
+
+    The same pieces as :class:`~emr_ray.operators.torch.TorchTrainOperator`'s, as a base class that
+    training operators share.
+
+    :param mlflow_conn_id: the ``mlflow`` connection the job logs to. Its login and password (or
+        token) reach the job only as ``MLFLOW_TRACKING_*`` secret environment variables
+        (:meth:`job_secrets`), never in its spec, entrypoint or runtime_env.
+    """
+
+    def __init__(self, *, mlflow_conn_id: str = "mlflow_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mlflow_conn_id = mlflow_conn_id
+
+    @cached_property
+    def mlflow_hook(self) -> MLflowHook:
+        """The hook of ``mlflow_conn_id`` (one per task: the connection is read once)."""
+        from emr_ray.hooks.mlflow import MLflowHook
+
+        return MLflowHook(self.mlflow_conn_id)
+
+    def job_secrets(self, context: Any, spec: Mapping[str, Any]) -> dict[str, str]:
+        """The base class's secrets (COS keys) plus MLflow's credential variables."""
+        return super().job_secrets(context, spec) | self.mlflow_hook.credential_env()
+
+    def check_mlflow_access(self) -> None:
+        """Fail before any cluster work when an http(s) MLflow refuses the connection's credentials
+        (:class:`~emr_ray.exceptions.MLflowAuthError`, not retried); when MLflow cannot be reached
+        from here, the job still tries from the cluster."""
+        from emr_ray.exceptions import MLflowAuthError
+
+        hook = self.mlflow_hook
+        if not hook.tracking_uri.startswith(("http://", "https://")):
+            return
+        try:
+            hook.check_access()
+        except MLflowAuthError:
+            raise
+        except Exception as e:
+            self.log.warning("Could not check the MLflow login before submitting (%s: %s); the job will "
+                             "try from the cluster", type(e).__name__, e)  # fmt: skip
+
+    def mlflow_section(
+        self, context: Any, identity: TaskIdentity, experiment_name: str | None
+    ) -> MLflowSection:
+        """Where the job logs: the connection's public settings, the task's identity as run tags."""
+        settings = self.mlflow_hook.job_settings()
+        return MLflowSection(
+            tracking_uri=settings["tracking_uri"],
+            registry_uri=settings.get("registry_uri"),
+            artifact_location=settings.get("artifact_location"),
+            experiment_name=experiment_name or identity.dag_id,
+            tags=identity.tags() | {"partition": str(context.get("ds", ""))},
+        )
+
+
+class RLlibTrainOperator(MLflowJobOperator):
+    """Train an RLlib algorithm (new API stack) on a Gymnasium environment in a Ray job; log it to MLflow.
+
+    The job (:mod:`emr_ray.jobs.rllib`) trains ``iterations`` iterations and saves the whole
+    algorithm every ``checkpoint_every`` iterations under
+    ``<storage_path>/checkpoints/<dag_id>/<run_id>/<task_id>/<run name>``: an Airflow retry resumes
+    from the latest checkpoint into the same MLflow run (``start_iteration`` > 0), and a rerun of a
+    finished training with the same settings returns its stored result. Each iteration's metrics
+    (``episode_return_mean``, ``episode_len_mean``, the learner's losses, ...) go to MLflow once, with
+    the iteration as step, and one line per iteration to the task log. The policy is logged as the
+    run's ``model`` (MLflow pyfunc: a batch of observations in, greedy actions out) and plays
+    ``evaluation_episodes`` greedy episodes (``eval_episode_return_mean``).
+
+    The learner runs in the job's driver, which reserves ``entrypoint_num_cpus`` (default 1); with
+    ``num_env_runners`` > 0, each EnvRunner actor takes 1 more CPU of the cluster. The XCom:
+    ``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``, ``iterations_completed``,
+    ``start_iteration``, ``train_seconds``.
+
+    :param env: Gymnasium environment id, e.g. ``CartPole-v1`` (templated).
+    :param algorithm: RLlib algorithm: PPO, APPO, IMPALA, DQN or SAC (templated).
+    :param env_config: keyword arguments of ``gymnasium.make`` (templated).
+    :param config: ``AlgorithmConfig.training()`` keywords, e.g. ``lr``, ``train_batch_size_per_learner``,
+        ``minibatch_size``, ``num_epochs`` (templated).
+    :param model_config: the RLModule's model config, e.g. ``{"fcnet_hiddens": [64, 64]}`` (templated).
+    :param iterations: training iterations (templated).
+    :param storage_path: root for checkpoints (``file://``, ``cos://``, ``hdfs://``; templated).
+    :param num_env_runners: EnvRunner actors that sample; 0 samples in the job's driver (templated).
+    :param num_envs_per_env_runner: vectorised environments per sampler (templated).
+    :param checkpoint_every: iterations between checkpoints (the last one is always checkpointed).
+    :param num_to_keep: checkpoints kept.
+    :param seed: RLlib's seed, for repeatable runs (templated).
+    :param evaluation_episodes: greedy episodes the final policy plays; 0 plays none.
+    :param experiment_name: MLflow experiment (templated); default the DAG id.
+    """
+
+    template_fields: Sequence[str] = (
+        *RayJobOperator.template_fields, "algorithm", "env", "env_config", "config", "model_config",
+        "iterations", "storage_path", "num_env_runners", "num_envs_per_env_runner", "seed", "experiment_name",
+    )  # fmt: skip
+    template_fields_renderers = {
+        **RayJobOperator.template_fields_renderers,
+        "config": "json",
+        "env_config": "json",
+        "model_config": "json",
+    }
+    job_module = "emr_ray.jobs.rllib"
+    ui_color = "#e3f0e8"
+
+    def __init__(
+        self,
+        *,
+        env: str,
+        storage_path: str,
+        algorithm: str = "PPO",
+        env_config: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        model_config: dict[str, Any] | None = None,
+        iterations: int | str = 20,
+        num_env_runners: int | str = 0,
+        num_envs_per_env_runner: int | str = 1,
+        checkpoint_every: int = 1,
+        num_to_keep: int = 2,
+        seed: int | str | None = None,
+        evaluation_episodes: int = 10,
+        experiment_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("entrypoint_num_cpus", 1)  # the learner works in the driver
+        super().__init__(**kwargs)
+        self.env = env
+        self.storage_path = storage_path
+        self.algorithm = algorithm
+        self.env_config = env_config or {}
+        self.config = config or {}
+        self.model_config = model_config or {}
+        self.iterations = iterations
+        self.num_env_runners = num_env_runners
+        self.num_envs_per_env_runner = num_envs_per_env_runner
+        self.checkpoint_every = checkpoint_every
+        self.num_to_keep = num_to_keep
+        self.seed = seed
+        self.evaluation_episodes = evaluation_episodes
+        self.experiment_name = experiment_name
+
+    def build_spec(self, context: Any, identity: TaskIdentity) -> RLlibJobSpec:
+        self.check_mlflow_access()
+        seed = None if str(self.seed).strip() in ("", "None") else _integer("seed", self.seed)
+        return RLlibJobSpec(
+            run_name=identity.run_name,
+            storage_path=identity.checkpoint_path(self.storage_path),
+            mlflow=self.mlflow_section(context, identity, self.experiment_name),
+            algorithm=str(self.algorithm),
+            env=str(self.env),
+            env_config=_natives(self.env_config),
+            config=_natives(self.config),
+            model_config=_natives(self.model_config),
+            iterations=_integer("iterations", self.iterations),
+            num_env_runners=_integer("num_env_runners", self.num_env_runners),
+            num_envs_per_env_runner=_integer("num_envs_per_env_runner", self.num_envs_per_env_runner),
+            checkpoint_every=int(self.checkpoint_every),
+            num_to_keep=int(self.num_to_keep),
+            seed=seed,
+            evaluation_episodes=int(self.evaluation_episodes),
+        )
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        return self._logged(super().execute(context))
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        return self._logged(super().execute_complete(context, event))
+
+    def _logged(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Log the outcome (both wait paths, polling and deferred, end here)."""
+        final = result.get("final_metrics", {})
+        for metric in ("episode_return_mean", "eval_episode_return_mean"):
+            if metric in final:
+                self.log.info("Final %s: %.2f", metric, final[metric])
+        self.log.info(
+            "Trained iterations %d to %d; MLflow run %s, checkpoint %s",
+            int(result.get("start_iteration", 0)) + 1,
+            result.get("iterations_completed"),
+            result.get("mlflow_run_id"),
+            result.get("checkpoint_uri"),
+        )
+        return result
+
+
+def _natives(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Rendered templates as the values they stand for: ``"0.001"`` is 0.001, ``"True"`` is True,
+    ``"[64, 64]"`` a list; other strings stay strings (RLlib takes numbers, not their text)."""
+    return {key: _native(value) for key, value in dict(values).items()}
+
+
+def _native(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return value
+    return parsed if isinstance(parsed, (int, float, list, dict)) else value
+
+
+def _integer(name: str, value: Any) -> int:
+    """A rendered integer argument; anything else fails naming the argument."""
+    try:
+        return int(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{name}={value!r} is not an integer; pass a number or a template that renders one."
+        ) from e
