@@ -207,13 +207,10 @@ def test_retry_takes_the_finished_result_of_an_earlier_try_with_the_same_spec(ra
     hook = RayHook(ray_conn)
     first = FakeTaskInstance("echo", try_number=1)
     spec = {"payload": "stored"}
-    assert RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": first}) == {
-        "echo": "stored"
-    }
+    stored = RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": first})
+    assert stored["echo"] == "stored"
     retry = FakeTaskInstance("echo", try_number=2, run_id=first.run_id)
-    assert RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": retry}) == {
-        "echo": "stored"
-    }
+    assert RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": retry}) == stored
     assert hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id()) is None
 
 
