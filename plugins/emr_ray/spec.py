@@ -96,6 +96,9 @@ class StorageSection(SpecPart):
         return storage.StorageOptions(**settings)
 
 
+SPARK_SESSIONS = ("job", "shared")
+
+
 @dataclass(frozen=True)
 class SparkSettings(SpecPart):
     """``raydp.init_spark`` arguments."""
@@ -106,11 +109,23 @@ class SparkSettings(SpecPart):
     executor_memory: str = "1g"
     configs: dict[str, str] = field(default_factory=dict)
     placement_group_strategy: str | None = None
+    #: ``job``: the job starts and stops its own session; ``shared``: a warm session that outlives the
+    #: job serves it (:mod:`emr_ray.jobs.spark_session`), stopped after ``idle_timeout_s`` unused
+    session: str = "job"
+    idle_timeout_s: int = 600
 
     def __post_init__(self) -> None:
         _require(
             int(self.num_executors) >= 1 and int(self.executor_cores) >= 1,
             "num_executors and executor_cores must be at least 1.",
+        )
+        _require(
+            self.session in SPARK_SESSIONS,
+            f"spark_session={self.session!r}: use 'job' (a session per job) or 'shared' (a warm session "
+            "that outlives the job).",
+        )
+        _require(
+            int(self.idle_timeout_s) >= 1, f"idle_timeout_s={self.idle_timeout_s}: use at least 1 second."
         )
         _require(
             self.placement_group_strategy in (None, *PLACEMENT_STRATEGIES),
@@ -166,6 +181,11 @@ class ScalingSpec(SpecPart):
             self.use_gpu or resources.get("GPU", 0) <= 0,
             "resources_per_worker asks for GPUs but use_gpu=False: set use_gpu=True.",
         )
+
+    @property
+    def cpus(self) -> float:
+        """The CPUs the worker group holds (Ray Train gives a worker 1 CPU unless told otherwise)."""
+        return self.num_workers * float((self.resources_per_worker or {}).get("CPU", 1))
 
 
 @dataclass(frozen=True)

@@ -78,10 +78,14 @@ class Recorder:
 _current = Recorder()
 
 
+_borrowed: list[Held] = []
+
+
 def start() -> Recorder:
     """A fresh recorder for this job (the job runtime calls it first thing)."""
     global _current
     _current = Recorder()
+    _borrowed.clear()
     return _current
 
 
@@ -93,6 +97,12 @@ def phase(name: str):
 def lap(name: str, **inside: float) -> None:
     """Close the stretch since the previous phase as ``name`` (see :meth:`Recorder.lap`)."""
     _current.lap(name, **inside)
+
+
+def borrow(kind: str, name: str, resources: Mapping[str, float], start: float, end: float) -> None:
+    """Resources this job used that belong to no actor or task of its own: a shared Spark session's
+    executors for the seconds of this job's call (epoch seconds)."""
+    _borrowed.append(Held(kind, name, dict(resources), start, end))
 
 
 # -- reservations (pure) ----------------------------------------------------------------------------
@@ -257,9 +267,9 @@ def collect(now: float, missing: list[str], since: float = 0.0) -> list[Held]:
     connected to Ray (``ray.init``) held nothing."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
-        return []
+        return list(_borrowed)
     job_id = ray.get_runtime_context().get_job_id()
-    held: list[Held] = []
+    held: list[Held] = list(_borrowed)
     for what, reader in (("actors", _actors), ("tasks", _tasks), ("driver reservation", _driver)):
         try:
             held += reader(job_id, now)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from emr_ray import partitions, storage
 from emr_ray.jobs import _usage
 from emr_ray.jobs._runtime import JobInputError, main
 from emr_ray.jobs.validation import schema_problems, value_problems
-from emr_ray.spec import SparkJobSpec, import_by_path
+from emr_ray.spec import SparkJobSpec, SparkSettings, import_by_path
 
 log = logging.getLogger("emr_ray.jobs.spark")
 
@@ -142,45 +143,125 @@ def validate_columns(df, required: list[str], uri: str) -> None:
 
 
 def run(spec: SparkJobSpec) -> dict[str, Any]:
+    """Check the input, then preprocess it in a Spark session of this job's own, or in the warm shared
+    one (``spec.spark.session``)."""
     import ray
-    import raydp
 
     options = spec.storage.options()
-    partition = spec.partition
-    input_uri = spec.input_uri
-    output_uri = spec.output_uri
-    preprocess = import_by_path(spec.preprocess)
-    config = spec.config
-    spark_spec = spec.spark
-
-    files = input_files(input_uri, options)
-    _raise_if(schema_problems(files, config.get("schema", {}), input_uri, options), input_uri)
+    files = input_files(spec.input_uri, options)
+    _raise_if(schema_problems(files, spec.config.get("schema", {}), spec.input_uri, options), spec.input_uri)
     _usage.lap("check_input")
     if spec.validate_only:
-        rows_in = storage.count_parquet_rows(files, input_uri, options)
-        log.info("Validated %s (dry run: committed, schema, %d rows); nothing written", input_uri, rows_in)
-        return {"partition": partition, "input_uri": input_uri, "rows_in": rows_in, "validated": True}
+        rows_in = storage.count_parquet_rows(files, spec.input_uri, options)
+        log.info(
+            "Validated %s (dry run: committed, schema, %d rows); nothing written", spec.input_uri, rows_in
+        )
+        return {
+            "partition": spec.partition,
+            "input_uri": spec.input_uri,
+            "rows_in": rows_in,
+            "validated": True,
+        }
     ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
     _usage.lap("ray_connect")
-    hadoop = storage.spark_hadoop_configs([input_uri, output_uri], options)
+    configs, env = session_settings(spec, options)
+    if spec.spark.session == "shared":
+        return _run_shared(spec, configs, env, options, files)
+    from emr_ray.jobs import spark_session
+
+    spark_session.release_idle(_cpus(spec))  # idle warm sessions give way to this job's executors
+    os.environ.update(env)  # read by the JVM raydp starts next
+    spark = start_spark(spec.spark.app_name, spec.spark, configs)
+    _usage.lap("spark_start")
+    try:
+        return preprocess_partition(spark, spec, options, files, lap=_usage.lap)
+    finally:
+        import raydp
+
+        raydp.stop_spark()
+        _usage.lap("spark_stop")
+
+
+def session_settings(
+    spec: SparkJobSpec, options: storage.StorageOptions
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The Spark settings of this job's session and the environment its JVM needs (no secrets: COS keys
+    go to each call's Spark tasks, :func:`read_partition` and :func:`write_output`)."""
+    hadoop = storage.spark_hadoop_configs([spec.input_uri, spec.output_uri], options)
     if hadoop:
         log.info("hdfs:// goes to WebHDFS at %s (ViewFileSystemOverloadScheme)",
-                 storage.webhdfs_address(input_uri if input_uri.startswith("hdfs:") else output_uri, options))  # fmt: skip
+                 storage.webhdfs_address(spec.input_uri if spec.input_uri.startswith("hdfs:") else spec.output_uri,
+                                         options))  # fmt: skip
+    env: dict[str, str] = {}
     if options.hdfs_user:
-        os.environ.setdefault("HADOOP_USER_NAME", options.hdfs_user)  # read by the JVM raydp starts next
+        env["HADOOP_USER_NAME"] = os.environ.get("HADOOP_USER_NAME", options.hdfs_user)
         hadoop["spark.executorEnv.HADOOP_USER_NAME"] = options.hdfs_user
+    return spark_configs({**hadoop, **spec.spark.configs}), env
+
+
+def start_spark(app_name: str, settings: SparkSettings, configs: dict[str, str]):  # noqa: ANN201 - SparkSession
+    import raydp
+
     started = time.monotonic()
     spark = raydp.init_spark(
-        app_name=spark_spec.app_name,
-        num_executors=spark_spec.num_executors,
-        executor_cores=spark_spec.executor_cores,
-        executor_memory=spark_spec.executor_memory,
-        placement_group_strategy=spark_spec.placement_group_strategy,
-        configs=spark_configs({**hadoop, **spark_spec.configs}),
+        app_name=app_name,
+        num_executors=settings.num_executors,
+        executor_cores=settings.executor_cores,
+        executor_memory=settings.executor_memory,
+        placement_group_strategy=settings.placement_group_strategy,
+        configs=configs,
     )
-    _usage.lap("spark_start")
     log.info("Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each", time.monotonic() - started,
-             spark_spec.num_executors, spark_spec.executor_cores, spark_spec.executor_memory)  # fmt: skip
+             settings.num_executors, settings.executor_cores, settings.executor_memory)  # fmt: skip
+    return spark
+
+
+def _cpus(spec: SparkJobSpec) -> float:
+    return float(spec.spark.num_executors * spec.spark.executor_cores)
+
+
+def _run_shared(
+    spec: SparkJobSpec, configs: dict[str, str], env: dict[str, str], options: storage.StorageOptions,
+    files: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    import ray
+
+    from emr_ray.jobs import spark_session
+
+    settings = {
+        "num_executors": spec.spark.num_executors,
+        "executor_cores": spec.spark.executor_cores,
+        "executor_memory": spec.spark.executor_memory,
+        "placement_group_strategy": spec.spark.placement_group_strategy,
+    }
+    out = spark_session.run_shared(
+        spec.to_dict(), settings, configs, env, options, files,
+        idle_timeout_s=spec.spark.idle_timeout_s,
+        job_runtime_env=ray.get_runtime_context().runtime_env,
+    )  # fmt: skip
+    session = out["session"]
+    # the call's own steps (read, compute, write, commit) under their names; the rest of the call
+    # (reaching the session, and starting it when there was none) as ``spark_session``
+    _usage.lap("spark_session", **out["phases"])
+    _usage.borrow("actor", "SharedSparkExecutors", {"CPU": session["cpus"]}, session["call_started_at"],
+                  session["call_ended_at"])  # fmt: skip
+    result = dict(out["result"])
+    result["spark_session"] = {k: session[k] for k in ("name", "calls", "reused", "start_seconds")}
+    return result
+
+
+def preprocess_partition(
+    spark: Any,
+    spec: SparkJobSpec,
+    options: storage.StorageOptions,
+    files: list[str],
+    *,
+    lap: Callable[[str], None],
+) -> dict[str, Any]:
+    """Read the validated ``files`` in ``spark``, preprocess, write a new generation and commit it (an
+    uncommitted one is removed). The same steps in a job's own session and in a shared one."""
+    partition, input_uri, output_uri, config = spec.partition, spec.input_uri, spec.output_uri, spec.config
+    preprocess = import_by_path(spec.preprocess)
     generation = partitions.new_generation()
     committed = None
     try:
@@ -189,19 +270,21 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
         _raise_if(value_problems(df, config.get("finite_columns", [])), input_uri)
         rows_in = df.count()
         log.info("Read %d rows from %s", rows_in, input_uri)
-        _usage.lap("read")
+        lap("read")
         if rows_in == 0:
             raise JobInputError(f"Input partition {input_uri} has 0 rows; nothing to preprocess.")
         outputs = preprocess(df, config)
         if not isinstance(outputs, dict):
             outputs = {"data": outputs}
         written: dict[str, Any] = {}
+        cached = [df]
         for name, out in outputs.items():
             out = out.cache()
+            cached.append(out)
             rows = out.count()
-            _usage.lap("compute")
+            lap("compute")
             write_output(out, partitions.output_uri(output_uri, generation, name), options)
-            _usage.lap("write")
+            lap("write")
             written[name] = {"rows": rows,
                              "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
             log.info("Wrote output %r: %d rows", name, rows)
@@ -215,10 +298,10 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
             "preprocess": spec.preprocess,
         }
         committed = partitions.commit(output_uri, generation, manifest, options, keep=spec.keep_generations)
-        _usage.lap("commit")
+        lap("commit")
+        for frame in cached:  # a shared session serves the next partition: keep its memory for that
+            frame.unpersist()
     finally:
-        raydp.stop_spark()
-        _usage.lap("spark_stop")
         if committed is None:
             partitions.discard(output_uri, generation, options)
     return {

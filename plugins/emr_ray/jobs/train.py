@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emr_ray import batches, partitions, storage
-from emr_ray.jobs import _usage, shards
+from emr_ray.jobs import _usage, shards, spark_session
 from emr_ray.jobs import compare as comparing
 from emr_ray.jobs import train_mlflow as tracking
 from emr_ray.jobs._runtime import JobInputError, main
@@ -282,6 +282,8 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
         tracking.backfill_checkpointed_epochs(run_state.fsys, run_state.path, spec, mlflow_run_id)
     _usage.lap("mlflow_start")
 
+    # idle warm Spark sessions give way to the worker group (a small cluster has no CPU for both)
+    spark_session.release_idle(spec.scaling.cpus)
     trainer = build_trainer(spec, plan, options, mlflow_run_id)
     _usage.lap("build_trainer")
     fitted = fit_and_log(trainer, spec, plan, options, mlflow_run_id)

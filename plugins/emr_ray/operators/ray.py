@@ -38,6 +38,7 @@ from emr_ray.hooks.ray_wait import (
     lost_contact_message,
     next_step,
     pending_timeout_event,
+    poll_delay,
 )
 from emr_ray.identity import TaskIdentity
 from emr_ray.links.ray import RayJobLink
@@ -93,7 +94,8 @@ class RayJobOperator(BaseOperator):
     :param runtime_env: merged over the connection's runtime_env (templated).
     :param entrypoint_num_cpus: CPUs reserved for the job's driver (default 0: it mostly waits).
     :param entrypoint_resources: custom resources the job's driver needs to start.
-    :param poll_interval: seconds between status polls.
+    :param poll_interval: the most seconds between two status polls (a young job is polled more often:
+        :func:`emr_ray.hooks.ray_wait.poll_delay`).
     :param pending_timeout: how long the job may stay PENDING (waiting for the driver's resources
         or its runtime_env) before it is stopped and the task fails, naming what it waits for
         (seconds or timedelta; default 30 minutes; None: no limit). The whole run is bounded by
@@ -343,7 +345,7 @@ class RayJobOperator(BaseOperator):
             if step == PENDING_TIMEOUT:
                 assert job is not None
                 return self._finish(self._pending_timed_out(submission_id, job))
-            time.sleep(self.poll_interval)
+            time.sleep(poll_delay(job, time.time(), self.poll_interval))
 
     def _pending_timed_out(self, submission_id: str, job: dict[str, Any]) -> dict[str, Any]:
         """Stop a job that stayed PENDING too long; the event names what it waits for."""

@@ -28,6 +28,7 @@ from emr_ray.hooks.ray_wait import (
     lost_contact_message,
     next_step,
     pending_timeout_event,
+    poll_delay,
 )
 
 
@@ -36,7 +37,7 @@ class RayJobTrigger(BaseTrigger):
 
     :param submission_id: the Ray job.
     :param ray_conn_id: the ``ray`` connection.
-    :param poll_interval: seconds between polls.
+    :param poll_interval: the most seconds between two polls (:func:`emr_ray.hooks.ray_wait.poll_delay`).
     :param deadline: epoch seconds after which the job is stopped and the event is an error.
     :param pending_deadline: epoch seconds after which a job still PENDING is stopped and the event
         names what it waits for.
@@ -115,7 +116,7 @@ class RayJobTrigger(BaseTrigger):
                                                   self.entrypoint_asks)
                         )  # fmt: skip
                         return
-                    await asyncio.sleep(self.poll_interval)
+                    await asyncio.sleep(poll_delay(job, time.time(), self.poll_interval))
         except RayJobsApiError as e:
             if not e.transient:
                 yield self._event(reason="error", job_status="UNKNOWN", message=f"{type(e).__name__}: {e}")

@@ -169,3 +169,22 @@ def test_a_job_pending_for_busy_resources_may_start_later():
     )
     unknown = pending_timeout_event("j", job, None, 60, stopped=True)
     assert "cluster resources unknown" in unknown["message"] and not unknown["unschedulable"]
+
+
+@pytest.mark.parametrize(
+    "age_s, poll_interval, expected",
+    [
+        (0.0, 5.0, 1.0),  # just started: poll again in a second
+        (20.0, 5.0, 2.0),  # a tenth of its age
+        (600.0, 5.0, 5.0),  # never more than poll_interval
+        (20.0, 0.5, 0.5),  # never less than a poll_interval shorter than the minimum
+    ],
+)
+def test_a_young_job_is_polled_more_often_than_an_old_one(age_s, poll_interval, expected):
+    from emr_ray.hooks.ray_wait import poll_delay
+
+    now = 1_800_000_000.0
+    assert (
+        poll_delay({"status": "RUNNING", "start_time": (now - age_s) * 1000}, now, poll_interval) == expected
+    )
+    assert poll_delay(None, now, poll_interval) == min(1.0, poll_interval)  # not seen yet

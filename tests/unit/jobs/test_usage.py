@@ -173,3 +173,13 @@ def test_every_job_result_carries_usage(capsys, tmp_path):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1].split(" ", 1)[1])
     assert result["echo"] == "x"
     assert set(result["usage"]["phases"]) >= {"echo"} and result["usage"]["wall_seconds"] > 0
+
+
+def test_what_a_job_borrowed_from_a_shared_session_counts_as_its_own_reservation():
+    recorder = _usage.start()
+    _usage.borrow("actor", "SharedSparkExecutors", {"CPU": 2.0}, 1000.0, 1003.5)
+    usage = _usage.report(recorder)
+    assert usage["held"]["actor:SharedSparkExecutors"] == {"count": 1, "seconds": 3.5, "cpu_seconds": 7.0}
+    assert usage["cpu_seconds_reserved"] == 7.0
+    _usage.start()  # the next job starts with nothing borrowed
+    assert _usage.report()["cpu_seconds_reserved"] == 0.0

@@ -1,0 +1,192 @@
+"""A warm Spark session that outlives one job (``spark_session="shared"``, :mod:`emr_ray.jobs.spark_session`).
+
+Real Ray jobs on the session's 2-CPU head, real Spark on Ray, the COS stand-in with signature checks.
+Each test gives its sessions a configuration of its own (a Spark setting with a fresh value), so no
+other test's session serves it. This module is also a job (``python -m tests.integration.test_spark_session``)
+that lists or kills the shared sessions, as an operator of the cluster would.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from devstack.constants import BUCKET, REGION
+from emr_ray import partitions, storage
+from emr_ray.exceptions import RayJobFailedError
+from emr_ray.jobs._runtime import main
+from include.data.synthetic import FEATURE_COLUMNS, make_partition
+from tests.integration.test_ray_jobs import FakeTaskInstance
+
+pytestmark = pytest.mark.integration
+SCHEMA = {**dict.fromkeys(FEATURE_COLUMNS, "double"), "label": "int64"}
+ROWS = 400
+
+
+def sessions_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job: the names of the shared sessions, after killing them when ``spec["kill"]``."""
+    import ray
+
+    from emr_ray.jobs import spark_session
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+    names = spark_session.sessions()
+    if spec.get("kill"):
+        for name in names:
+            ray.kill(ray.get_actor(name, namespace=spark_session.NAMESPACE), no_restart=True)
+    return {"sessions": names}
+
+
+def shared_sessions(kill: bool = False) -> list[str]:
+    from emr_ray.operators.ray import RayJobOperator
+
+    op = RayJobOperator(task_id="sessions", job_module="tests.integration.test_spark_session",
+                        spec={"kill": kill}, poll_interval=0.5)  # fmt: skip
+    return op.execute({"ti": FakeTaskInstance("sessions")})["sessions"]
+
+
+def upload(hook, prefix: str, day: str, table: pa.Table | None = None) -> None:
+    import io
+
+    buffer = io.BytesIO()
+    pq.write_table(table if table is not None else make_partition(day, ROWS), buffer)
+    hook.upload_bytes(buffer.getvalue(), f"{prefix}raw/dt={day}/part-00000.parquet")
+    hook.upload_bytes(b"", f"{prefix}raw/dt={day}/_SUCCESS")
+
+
+def preprocess(prefix: str, day: str, session: str, tag: str, output: str = "staged", **kwargs: Any) -> dict:
+    from emr_ray.operators.raydp import RayDPSparkOperator
+
+    op = RayDPSparkOperator(
+        task_id="preprocess",
+        preprocess="include.preprocessing.tabular:standardize",
+        input_uri=f"cos://{BUCKET}/{prefix}raw",
+        output_uri=f"cos://{BUCKET}/{prefix}{output}",
+        partition=day,
+        config={
+            "feature_columns": FEATURE_COLUMNS,
+            "label_column": "label",
+            "schema": SCHEMA,
+            "finite_columns": FEATURE_COLUMNS,
+        },  # fmt: skip
+        spark_configs={"spark.emr_ray.test_session": tag},  # this test's own session
+        spark_session=session,
+        poll_interval=0.5,
+        pending_timeout=180,
+        **kwargs,
+    )
+    op.execution_timeout = None
+    return op.execute({"ti": FakeTaskInstance("preprocess")})
+
+
+def committed_rows(result: dict, endpoint: str, secret_id: str, secret_key: str) -> dict[str, list]:
+    options = storage.StorageOptions(endpoint_override=endpoint, scheme="http", region=REGION,
+                                     access_key=secret_id, secret_key=secret_key)  # fmt: skip
+    fsys = storage.filesystem(result["output_uri"], options)
+    committed = partitions.pinned(result["output_uri"], result["generation"], options)
+    out = {}
+    for name in result["outputs"]:
+        uri = committed.output_uri(name)
+        files = storage.list_parquet_files(uri, options)
+        table = pa.concat_tables([pq.read_table(f, filesystem=fsys) for f in files])
+        out[name] = sorted(table.to_pylist(), key=lambda row: tuple(sorted(row.items())))
+    return out
+
+
+def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_writes_what_a_job_session_writes(
+    ray_conn, cos_server, cos_conn, cos_prefix, monkeypatch
+):
+    from devstack.constants import SECRET_ID, SECRET_KEY
+    from emr_ray.hooks.cos import COSHook
+    from tests.fixtures.cos import cos_connection_json
+
+    hook = COSHook(cos_conn)
+    days = ["2026-10-01", "2026-10-02"]
+    for day in days:
+        upload(hook, cos_prefix, day)
+    tag = uuid.uuid4().hex[:8]
+
+    first = preprocess(cos_prefix, days[0], "shared", tag)
+    assert first["spark_session"]["reused"] is False and first["spark_session"]["calls"] == 1
+
+    # The next job runs with other COS keys, and the first job's keys are refused from now on: the
+    # warm session can only read and write with the keys this job passes to it.
+    cos_server.register_credentials("second-secret-id", "second-secret-key")
+    monkeypatch.setenv("AIRFLOW_CONN_COS_DEFAULT", cos_connection_json(
+        cos_server.endpoint, login="second-secret-id", password="second-secret-key"))  # fmt: skip
+    cos_server.reject_secret_id(SECRET_ID)
+    try:
+        second = preprocess(cos_prefix, days[1], "shared", tag)
+    finally:
+        cos_server.allow_secret_id(SECRET_ID)
+        monkeypatch.setenv("AIRFLOW_CONN_COS_DEFAULT", cos_connection_json(cos_server.endpoint))
+    session = second["spark_session"]
+    assert session == {**first["spark_session"], "calls": 2, "reused": True}
+    usage = second["usage"]
+    assert "spark_start" not in usage["phases"] and "spark_session" in usage["phases"]  # no Spark start-up
+    assert usage["held"]["actor:SharedSparkExecutors"]["cpu_seconds"] > 0  # the executor's share, this call
+
+    # The same partition through a job's own session: the same data, row for row.
+    own = preprocess(cos_prefix, days[1], "job", tag, output="staged_by_job")
+    assert "spark_session" not in own and own["rows_out"] == second["rows_out"]
+    assert sum(own["rows_out"].values()) == ROWS
+    assert committed_rows(second, cos_server.endpoint, SECRET_ID, SECRET_KEY) == committed_rows(
+        own, cos_server.endpoint, SECRET_ID, SECRET_KEY
+    )
+
+    # A job that needs both CPUs (two executors) while the idle warm session holds one: it is released.
+    both = preprocess(cos_prefix, days[0], "job", tag, output="staged_wide", num_executors=2)
+    assert sum(both["rows_out"].values()) == ROWS
+    assert session["name"] not in shared_sessions()
+
+
+def test_bad_input_keeps_the_session_a_killed_one_is_replaced_and_an_idle_one_stops(
+    ray_conn, cos_conn, cos_prefix
+):
+    import numpy as np
+
+    from emr_ray.hooks.cos import COSHook
+
+    hook = COSHook(cos_conn)
+    upload(hook, cos_prefix, "2026-10-05")
+    bad = make_partition("2026-10-06", ROWS)
+    values = bad["f03"].to_numpy().copy()
+    values[[3, 9]] = np.nan
+    upload(
+        hook,
+        cos_prefix,
+        "2026-10-06",
+        bad.set_column(bad.schema.get_field_index("f03"), "f03", pa.array(values)),
+    )
+    tag = uuid.uuid4().hex[:8]
+
+    first = preprocess(cos_prefix, "2026-10-05", "shared", tag, spark_idle_timeout=8)
+    name = first["spark_session"]["name"]
+    # bad values are found by Spark inside the session: the input's fault, named, no retry; the session stays
+    with pytest.raises(RayJobFailedError, match=r"dt=2026-10-06 failed validation: column 'f03' has 2 NaN"):
+        preprocess(cos_prefix, "2026-10-06", "shared", tag, spark_idle_timeout=8)
+    again = preprocess(cos_prefix, "2026-10-05", "shared", tag, spark_idle_timeout=8)
+    assert again["spark_session"] | {"calls": 0} == first["spark_session"] | {"calls": 0, "reused": True}
+    assert again["spark_session"]["calls"] == 3
+
+    # A session killed between jobs (its node lost, an operator's `ray kill`): the next job starts a fresh one.
+    assert name in shared_sessions(kill=True)
+    fresh = preprocess(cos_prefix, "2026-10-05", "shared", tag, spark_idle_timeout=8)
+    assert fresh["spark_session"]["name"] == name and fresh["spark_session"]["calls"] == 1
+    assert sum(fresh["rows_out"].values()) == ROWS
+
+    # Unused for its idle timeout, it stops by itself and frees its executor.
+    deadline = time.monotonic() + 90
+    while name in shared_sessions():
+        assert time.monotonic() < deadline, "the idle shared session did not stop"
+        time.sleep(3)
+
+
+if __name__ == "__main__":
+    main(sessions_job)

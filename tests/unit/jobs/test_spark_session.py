@@ -1,0 +1,62 @@
+"""Which jobs may share a warm Spark session (``emr_ray.jobs.spark_session``), without a cluster: the
+session's name is its configuration, and nothing of one job alone (its secrets, its flags) goes into
+the session or its name. On a real cluster: ``tests/integration/test_spark_session.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from emr_ray.jobs.spark_session import NAME_PREFIX, session_key, session_runtime_env
+from emr_ray.spec import SparkSettings
+
+SETTINGS = {
+    "num_executors": 1,
+    "executor_cores": 1,
+    "executor_memory": "1g",
+    "placement_group_strategy": None,
+}
+CONFIGS = {"spark.sql.shuffle.partitions": "4"}
+JOB_ENV = {
+    "py_modules": ["gcs://_ray_pkg_emr_ray_0123abcd.zip"],
+    "env_vars": {"PYTHONPATH": "/srv/project", "EMR_RAY_SECRETS_REF": "gcs://_emr_ray_secrets_x.zip",
+                 "EMR_RAY_FORCE": "1"},
+}  # fmt: skip
+
+
+def test_a_session_gets_the_jobs_code_and_environment_but_not_its_secret_reference_or_flags():
+    env = session_runtime_env(JOB_ENV)
+    assert env == {"py_modules": JOB_ENV["py_modules"], "env_vars": {"PYTHONPATH": "/srv/project"}}
+    assert session_runtime_env({"env_vars": {"EMR_RAY_SECRETS_REF": "x"}}) == {}
+
+
+def test_jobs_with_the_same_configuration_share_one_session_whatever_their_secrets():
+    one = session_key(SETTINGS | {"app_name": "dag_a-preprocess"}, CONFIGS, session_runtime_env(JOB_ENV))
+    other_job = {
+        **JOB_ENV,
+        "env_vars": {**JOB_ENV["env_vars"], "EMR_RAY_SECRETS_REF": "gcs://_emr_ray_secrets_y.zip"},
+    }
+    two = session_key(SETTINGS | {"app_name": "dag_b-preprocess"}, CONFIGS, session_runtime_env(other_job))
+    assert one == two and one.startswith(NAME_PREFIX)
+
+
+@pytest.mark.parametrize(
+    "settings, configs, runtime_env",
+    [
+        (SETTINGS | {"executor_memory": "2g"}, CONFIGS, JOB_ENV),  # other executors
+        (SETTINGS, CONFIGS | {"spark.sql.shuffle.partitions": "8"}, JOB_ENV),  # other Spark settings
+        (SETTINGS, CONFIGS, JOB_ENV | {"py_modules": ["gcs://_ray_pkg_emr_ray_ffff0000.zip"]}),  # other code
+        (SETTINGS, CONFIGS, JOB_ENV | {"pip": ["scikit-learn==1.6.1"]}),  # other packages
+    ],
+)
+def test_any_difference_in_what_shapes_the_session_gets_another_one(settings, configs, runtime_env):
+    base = session_key(SETTINGS, CONFIGS, session_runtime_env(JOB_ENV))
+    assert session_key(settings, configs, session_runtime_env(runtime_env)) != base
+
+
+def test_the_session_mode_and_idle_timeout_are_checked_when_the_spec_is_built():
+    assert SparkSettings(app_name="a", session="shared", idle_timeout_s=30).session == "shared"
+    with pytest.raises(ValueError, match=r"spark_session='warm': use 'job' .* or 'shared'"):
+        SparkSettings(app_name="a", session="warm")
+    with pytest.raises(ValueError, match=r"idle_timeout_s=0: use at least 1 second"):
+        SparkSettings(app_name="a", session="shared", idle_timeout_s=0)
