@@ -30,6 +30,15 @@ that size, when this run measured it), and cluster utilisation: CPU-seconds rese
 (their ``usage``) over the cluster's CPUs x the backfill's wall, how many Ray jobs ran at once, and how
 much of the wall no Ray job ran at all (Airflow between tasks).
 
+**Contenders.** ``--contenders job,shared`` runs everything above once per value of the DAG's
+``spark_session`` Param (``--conf``), side by side on the same stack: ``job`` (each preprocessing job
+starts and stops Spark on Ray, the path before issue 17) against ``shared`` (a warm session that
+outlives the job, :mod:`emr_ray.jobs.spark_session`). Each contender gets a warm-up run, then the
+sizes alternate between them so the machine's load falls on both alike; the table at the end puts
+whole runs, each task's fixed part and the backfills side by side with their ratios. The head has 3
+CPUs by default: a warm session's executor (1) and the 2 training workers fit at once (on 2 CPUs
+every training job releases the idle session, and ``shared`` costs what ``job`` does).
+
 Run inside the loopback-only namespace, in pieces if need be::
 
     bash scripts/loopback.sh .venv/bin/python -m bench.pipeline --sizes 20000,200000 --no-backfill
@@ -51,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import REPO, RESULTS, STATE, machine, table, write_json
+from bench._common import REPO, STATE, machine, table, write_json
 
 DAG_ID = "retrain_tabular"
 RAY_TASKS = ("preprocess", "train")
@@ -149,8 +158,12 @@ def epoch_seconds(tracking_uri: str, run_id: str) -> float | None:
     return sum(rows[s] / rates[s] for s in rows if rates.get(s)) or None
 
 
-def dags_test(stack, date: str) -> tuple[float, subprocess.CompletedProcess]:
+def dags_test(
+    stack, date: str, conf: dict[str, Any] | None = None
+) -> tuple[float, subprocess.CompletedProcess]:
     cmd = [str(Path(sys.executable).with_name("airflow")), "dags", "test", DAG_ID, date]
+    if conf:
+        cmd += ["--conf", json.dumps(conf)]
     env = os.environ | stack.dags_test_env()
     started = time.monotonic()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
@@ -176,9 +189,9 @@ def task_instances(stack, date: str) -> tuple[str, dict[str, dict[str, float]]]:
     return run_id, {t: {"start": _utc(s), "end": _utc(e)} for t, s, e in rows if s and e}
 
 
-def measure_size(stack, rows: int, date: str) -> dict[str, Any]:
+def measure_size(stack, rows: int, date: str, conf: dict[str, Any] | None = None) -> dict[str, Any]:
     load_before = round(os.getloadavg()[0], 2)
-    total, _ = dags_test(stack, date)
+    total, _ = dags_test(stack, date, conf)
     run_id, tis = task_instances(stack, date)
     jobs = ray_jobs(stack, {run_id})
     tasks: dict[str, Any] = {}
@@ -219,7 +232,9 @@ def fits(sizes: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def backfill(stack, days: int, rows: int, first: dt.date) -> dict[str, Any]:
+def backfill(
+    stack, days: int, rows: int, first: dt.date, conf: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A backfill of ``days`` dates through a running Airflow, with the DAG's own settings."""
     from devstack.airflow import LocalAirflow, ray_pool_slots
     from emr_ray.params import MAX_ACTIVE_RUNS
@@ -240,7 +255,7 @@ def backfill(stack, days: int, rows: int, first: dt.date) -> dict[str, Any]:
                 time.sleep(3)
         api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
         body = {"dag_id": DAG_ID, "from_date": f"{dates[0]}T00:00:00Z", "to_date": f"{dates[-1]}T00:00:00Z",
-                "reprocess_behavior": "completed", "max_active_runs": MAX_ACTIVE_RUNS, "dag_run_conf": {}}  # fmt: skip
+                "reprocess_behavior": "completed", "max_active_runs": MAX_ACTIVE_RUNS, "dag_run_conf": conf or {}}  # fmt: skip
         started = time.time()
         api.call("POST", "/api/v2/backfills", body)
         runs: list[dict] = []
@@ -338,6 +353,50 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(text)
 
 
+def comparison(per_contender: dict[str, dict[str, Any]]) -> str:
+    """The contenders side by side: whole runs per size, the fixed part per task, the backfill."""
+    names = list(per_contender)
+    if len(names) < 2:
+        return ""
+    base = names[0]
+    rows = []
+    sizes = [s["rows"] for s in per_contender[base].get("sizes", [])]
+    for i, n in enumerate(sizes):
+        cells = [per_contender[c]["sizes"][i]["dags_test_s"] for c in names]
+        rows.append([f"whole `dags test` run, {n:,} rows", *[f"{v:.1f}" for v in cells],
+                     *[f"{cells[0] / v:.2f}x" for v in cells[1:]]])  # fmt: skip
+    for task_id in RAY_TASKS:
+        cells = [
+            per_contender[c].get("fits", {}).get(task_id, {}).get("total", {}).get("fixed_s") for c in names
+        ]
+        if all(v is not None for v in cells):
+            rows.append([f"{task_id}: fixed part (fit over sizes)", *[f"{v:.1f}" for v in cells],
+                         *[f"{cells[0] / v:.2f}x" if v else "-" for v in cells[1:]]])  # fmt: skip
+        cells = [statistics.mean(s["tasks"][task_id]["total"] for s in per_contender[c].get("sizes", [])
+                                 if task_id in s["tasks"]) if per_contender[c].get("sizes") else None
+                 for c in names]  # fmt: skip
+        if all(v is not None for v in cells):
+            rows.append([f"{task_id}: whole task, mean over sizes", *[f"{v:.1f}" for v in cells],
+                         *[f"{cells[0] / v:.2f}x" for v in cells[1:]]])  # fmt: skip
+    fixed = [per_contender[c].get("fixed_run_s") for c in names]
+    if all(v is not None for v in fixed):
+        rows.append(["whole run: fixed part (fit over sizes)", *[f"{v:.1f}" for v in fixed],
+                     *[f"{fixed[0] / v:.2f}x" for v in fixed[1:]]])  # fmt: skip
+    walls = [per_contender[c].get("backfill", {}).get("wall_s") for c in names]
+    if all(walls):
+        days = per_contender[base]["backfill"]["days"]
+        rows.append([f"backfill of {days} partitions, wall", *[f"{v:.0f}" for v in walls],
+                     *[f"{walls[0] / v:.2f}x" for v in walls[1:]]])  # fmt: skip
+        rows.append(["backfill: seconds per partition", *[f"{v / days:.1f}" for v in walls],
+                     *[f"{walls[0] / v:.2f}x" for v in walls[1:]]])  # fmt: skip
+        util = [per_contender[c]["backfill"]["utilisation"] for c in names]
+        rows.append(["backfill: cluster utilisation", *[f"{u:.0%}" for u in util], *["-" for _ in util[1:]]])
+    headers = ["figure", *[f"{c} s" for c in names], *[f"{base} / {c}" for c in names[1:]]]
+    return "\n".join(
+        ["", f"contenders side by side (spark_session={' vs '.join(names)}):", "", table(headers, rows)]
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -349,10 +408,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--backfill-days", type=int, default=7)
     parser.add_argument("--backfill-rows", type=int, default=200_000)
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray head")
-    parser.add_argument("--no-warmup", action="store_true", help="skip the 2,000-row warm-up run")
+    parser.add_argument("--cpus", type=int, default=3, help="CPUs of the local Ray head (3: a warm Spark "
+                        "session's executor and the 2 training workers fit at once)")  # fmt: skip
+    parser.add_argument("--contenders", default="job,shared", help="the DAG's spark_session values to run side "
+                        "by side, the first is the baseline")  # fmt: skip
+    parser.add_argument("--no-warmup", action="store_true", help="skip the 2,000-row warm-up runs")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
 
     from devstack.stack import LocalStack
     from include.data import synthetic
@@ -360,53 +423,64 @@ def main(argv: list[str] | None = None) -> None:
     root = STATE / "pipeline"
     shutil.rmtree(root, ignore_errors=True)  # each run starts from an empty stack
     started = time.monotonic()
-    result: dict[str, Any] = {"machine": machine(), "sizes": []}
+    result: dict[str, Any] = {"machine": machine(), "contenders": {c: {"sizes": []} for c in contenders}}
+    per = result["contenders"]
     stack = LocalStack(root, REPO, num_cpus=args.cpus, postgres=not args.no_backfill).start()
+    day = FIRST_SIZE_DATE
     try:
         env = os.environ | stack.dags_test_env()
         subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=env, check=True,
                        capture_output=True)  # fmt: skip
         options = stack.storage_options()
-        if sizes and not args.no_warmup:
-            synthetic.write_partitions(stack.raw_uri, WARMUP_DATE, 1, WARMUP_ROWS, options)
-            result["warmup_s"] = round(dags_test(stack, WARMUP_DATE)[0], 1)
-            print(f"warm-up run: {result['warmup_s']} s", flush=True)
-        for i, rows in enumerate(sizes):
-            date = (FIRST_SIZE_DATE + dt.timedelta(days=i)).isoformat()
-            synthetic.write_partitions(stack.raw_uri, date, 1, rows, options)
-            measured = measure_size(stack, rows, date)
-            result["sizes"].append(measured)
-            print(f"{rows:,} rows: dags test {measured['dags_test_s']} s", flush=True)
-        result["fits"] = fits(result["sizes"])
+        if sizes and not args.no_warmup:  # each contender's first run pays what a later one need not
+            for i, contender in enumerate(contenders):
+                warm = (dt.date.fromisoformat(WARMUP_DATE) - dt.timedelta(days=i)).isoformat()
+                synthetic.write_partitions(stack.raw_uri, warm, 1, WARMUP_ROWS, options)
+                per[contender]["warmup_s"] = round(dags_test(stack, warm, {"spark_session": contender})[0], 1)
+                print(f"{contender}: warm-up run {per[contender]['warmup_s']} s", flush=True)
+        for rows in sizes:  # contenders alternate, so the machine's load falls on both alike
+            for contender in contenders:
+                date = day.isoformat()
+                day += dt.timedelta(days=1)
+                synthetic.write_partitions(stack.raw_uri, date, 1, rows, options)
+                measured = measure_size(stack, rows, date, {"spark_session": contender})
+                per[contender]["sizes"].append(measured)
+                print(f"{contender}, {rows:,} rows: dags test {measured['dags_test_s']} s", flush=True)
+        for contender in contenders:
+            per[contender]["fits"] = fits(per[contender]["sizes"])
+            whole = linear_fit([(s["rows"], s["dags_test_s"]) for s in per[contender]["sizes"]])
+            per[contender]["fixed_run_s"] = round(whole[0], 1) if whole else None
         if sizes:  # kept even if the backfill below fails
-            write_json("pipeline-sizes.json", result | {"table": report(result)})
+            write_json("pipeline-sizes.json", result)
         if not args.no_backfill:
-            first = FIRST_SIZE_DATE + dt.timedelta(days=len(sizes) + 1)
-            synthetic.write_partitions(stack.raw_uri, first.isoformat(), args.backfill_days, args.backfill_rows,
-                                       options)  # fmt: skip
-            try:
-                result["backfill"] = backfill(stack, args.backfill_days, args.backfill_rows, first)
-            except Exception as e:  # the per-size figures above are still written
-                result["backfill_error"] = f"{type(e).__name__}: {e}"
-                print(f"backfill failed: {result['backfill_error']}", flush=True)
-            if not sizes:  # "N x one partition" from an earlier sizes run of the same row count, if any
-                earlier = RESULTS / "pipeline-sizes.json"
-                if earlier.exists():
-                    result["sizes_from_earlier_run"] = [s for s in json.loads(earlier.read_text())["sizes"]
-                                                        if s["rows"] == args.backfill_rows]  # fmt: skip
+            for contender in contenders:
+                first = day + dt.timedelta(days=1)
+                day = first + dt.timedelta(days=args.backfill_days)
+                synthetic.write_partitions(stack.raw_uri, first.isoformat(), args.backfill_days, args.backfill_rows,
+                                           options)  # fmt: skip
+                try:
+                    per[contender]["backfill"] = backfill(stack, args.backfill_days, args.backfill_rows, first,
+                                                          {"spark_session": contender})  # fmt: skip
+                    print(f"{contender}: backfill {per[contender]['backfill']['wall_s']} s", flush=True)
+                except Exception as e:  # the per-size figures above are still written
+                    per[contender]["backfill_error"] = f"{type(e).__name__}: {e}"
+                    print(f"{contender}: backfill failed: {per[contender]['backfill_error']}", flush=True)
     finally:
         stack.stop()
     result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result["total_s"] = round(time.monotonic() - started, 1)
-    text = report(result | {"sizes": result["sizes"] or result.get("sizes_from_earlier_run", [])})
-    result["table"] = text
+    text = []
+    for contender in contenders:
+        text += [f"## spark_session={contender}", report(per[contender] | {"machine": result["machine"]}), ""]
+    text.append(comparison(per))
+    result["table"] = "\n".join(text)
     name = (
         "pipeline-sizes.json"
         if args.no_backfill
         else ("pipeline-backfill.json" if not sizes else "pipeline.json")
     )
     path = write_json(name, result)
-    print(text)
+    print(result["table"])
     print(f"\nwritten {path} in {result['total_s']} s total")
 
 

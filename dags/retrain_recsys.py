@@ -27,11 +27,14 @@ from emr_ray.operators.torch import TorchTrainOperator
 from emr_ray.params import (
     MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
+    SPARK_IDLE_TIMEOUT_TEMPLATE,
+    SPARK_SESSION_TEMPLATE,
     committed_generation,
     committed_output,
     daily_partitions,
     history_start,
     pipeline_params,
+    spark_session_param,
 )
 from emr_ray.sensors.cos import COSSensor
 
@@ -56,6 +59,7 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
         **pipeline_params(),
+        "spark_session": spark_session_param(),
         "epochs": Param(4, type="integer", minimum=1, maximum=200),
         "lr": Param(0.02, type="number", exclusiveMinimum=0),
         "embedding_dim": Param(32, type="integer", minimum=2, maximum=1024),
@@ -80,6 +84,8 @@ with DAG(
     )
     preprocess = RayDPSparkOperator(
         task_id="preprocess",
+        spark_session=SPARK_SESSION_TEMPLATE,
+        spark_idle_timeout=SPARK_IDLE_TIMEOUT_TEMPLATE,
         preprocess="include.preprocessing.recsys:features",
         input_uri=RAW,
         output_uri=f"{STAGING}/recsys",

@@ -22,11 +22,14 @@ from emr_ray.operators.torch import TorchTrainOperator
 from emr_ray.params import (
     MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
+    SPARK_IDLE_TIMEOUT_TEMPLATE,
+    SPARK_SESSION_TEMPLATE,
     committed_generation,
     committed_output,
     daily_partitions,
     history_start,
     pipeline_params,
+    spark_session_param,
 )
 from emr_ray.sensors.cos import COSSensor
 
@@ -51,6 +54,7 @@ with DAG(
     deadline=warn_after(timedelta(hours=3)),
     params={
         **pipeline_params(),
+        "spark_session": spark_session_param(),
         "epochs": Param(5, type="integer", minimum=1, maximum=200),
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "batch_size": Param(256, type="integer", minimum=8),
@@ -83,6 +87,8 @@ with DAG(
     )
     preprocess = RayDPSparkOperator(
         task_id="preprocess",
+        spark_session=SPARK_SESSION_TEMPLATE,
+        spark_idle_timeout=SPARK_IDLE_TIMEOUT_TEMPLATE,
         preprocess="include.preprocessing.tabular:standardize",
         input_uri=RAW,
         output_uri=f"{STAGING}/tabular",

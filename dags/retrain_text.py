@@ -23,11 +23,14 @@ from emr_ray.operators.torch import TorchTrainOperator
 from emr_ray.params import (
     MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
+    SPARK_IDLE_TIMEOUT_TEMPLATE,
+    SPARK_SESSION_TEMPLATE,
     committed_generation,
     committed_output,
     daily_partitions,
     history_start,
     pipeline_params,
+    spark_session_param,
 )
 from emr_ray.sensors.cos import COSSensor
 
@@ -50,6 +53,7 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
         **pipeline_params(),
+        "spark_session": spark_session_param(),
         "epochs": Param(6, type="integer", minimum=1, maximum=200),
         "lr": Param(0.02, type="number", exclusiveMinimum=0),
         "num_workers": Param(2, type="integer", minimum=1, maximum=64),
@@ -72,6 +76,8 @@ with DAG(
     )
     preprocess = RayDPSparkOperator(
         task_id="preprocess",
+        spark_session=SPARK_SESSION_TEMPLATE,
+        spark_idle_timeout=SPARK_IDLE_TIMEOUT_TEMPLATE,
         preprocess="include.preprocessing.text:tokenize",
         input_uri=RAW,
         output_uri=f"{STAGING}/text",

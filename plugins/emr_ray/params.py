@@ -109,3 +109,23 @@ def pipeline_params() -> dict[str, Any]:
             description="Let a backfill, or a partition older than the champion's, replace the champion.",
         ),
     }
+
+
+#: the Spark steps' session, from the run's ``spark_session`` Param
+SPARK_SESSION_TEMPLATE = "{{ params.spark_session }}"
+#: how long a shared Spark session waits for the next partition: the ``emr_ray_spark_idle_timeout``
+#: Variable (seconds), 600 by default (a backfill's next partition comes within minutes)
+SPARK_IDLE_TIMEOUT_TEMPLATE = "{{ var.value.get('emr_ray_spark_idle_timeout', 600) }}"
+
+
+def spark_session_param() -> Any:
+    """Which Spark session the preprocessing runs in: a warm ``shared`` one, or the ``job``'s own."""
+    from airflow.sdk import Param
+
+    return Param(
+        "shared",
+        enum=["shared", "job"],
+        description="shared: a warm Spark-on-Ray session that outlives the job serves the preprocessing "
+        "(no Spark start-up per partition; released when the cluster needs its CPUs); job: each "
+        "preprocessing job starts and stops its own.",
+    )

@@ -240,6 +240,8 @@ def _run_shared(
         job_runtime_env=ray.get_runtime_context().runtime_env,
     )  # fmt: skip
     session = out["session"]
+    for line in out["log"]:  # the call's progress, in this job's log (and so in the task log)
+        print(line, flush=True)
     # the call's own steps (read, compute, write, commit) under their names; the rest of the call
     # (reaching the session, and starting it when there was none) as ``spark_session``
     _usage.lap("spark_session", **out["phases"])

@@ -120,6 +120,7 @@ class WarmSpark:
             self.busy = True
         recorder = _usage.Recorder()
         began = time.time()
+        lines = _CallLog.attach()
         try:
             result = preprocess_partition(self.spark, SparkJobSpec.from_dict(spec_payload), options, files,
                                           lap=recorder.lap)  # fmt: skip
@@ -129,6 +130,7 @@ class WarmSpark:
             self.retired = True  # never reuse a context that just failed
             raise
         finally:
+            _CallLog.detach()
             self.calls += 1
             self.last_used = time.monotonic()
             self.busy = False
@@ -136,6 +138,7 @@ class WarmSpark:
                 threading.Thread(target=self._stop, daemon=True).start()
         return {
             "result": result,
+            "log": lines,  # the job prints them: the task log shows the call's progress
             "phases": recorder.phases,
             "session": {
                 "name": self.name,
@@ -183,6 +186,39 @@ class WarmSpark:
             except Exception as e:  # exiting anyway
                 log.warning("Stopping the shared Spark session %s: %s", self.name, e)
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+
+class _CallLog(logging.Handler):
+    """The log lines of the running call (the session's ``emr_ray`` and ``include`` loggers), handed
+    back to the job, which prints them: a detached actor's own output reaches no job's log."""
+
+    LOGGERS = ("emr_ray", "include")
+    FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # as the job runtime's own lines
+    _current: _CallLog | None = None
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter(self.FORMAT))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    @classmethod
+    def attach(cls) -> list[str]:
+        handler = cls._current = cls()
+        for name in cls.LOGGERS:
+            logger = logging.getLogger(name)
+            logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+            logger.addHandler(handler)
+        return handler.lines
+
+    @classmethod
+    def detach(cls) -> None:
+        for name in cls.LOGGERS:
+            if cls._current is not None:
+                logging.getLogger(name).removeHandler(cls._current)
+        cls._current = None
 
 
 _ACTOR: Any = None
