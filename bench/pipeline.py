@@ -10,11 +10,12 @@ Ray task's wall time is split, from Airflow's task instance, the Jobs API and th
 - ``airflow_start``: task start -> job submitted (render, connections, code shipping, spec);
 - ``submit_to_running``: submitted -> the job's driver process started (runtime env, supervisor);
 - the job's phases (Spark: ``startup`` = interpreter and imports, ``check_input``, ``ray_connect``,
-  ``spark_start``, ``read``, ``compute``, ``write``, ``commit``, ``spark_stop``; training: ``startup``,
-  ``check_inputs``, ``ray_connect``, ``plan``, ``mlflow_start``, ``build_trainer``, ``worker_group`` (fit
-  less its epochs: worker group start, loop set-up, checkpoints, reports), ``epochs`` (the epochs' own
-  seconds, from their ``train_rows / rows_per_second`` metrics in MLflow), ``log`` (model, loss curve,
-  champion comparison, final metrics));
+  ``spark_start`` (a job's own session) or ``spark_session`` (reaching a shared one), ``read``,
+  ``compute``, ``write``, ``commit``, ``spark_stop``; training: ``startup``, ``check_inputs``,
+  ``ray_connect``, ``plan``, ``mlflow_start``, ``build_trainer``, ``worker_group`` (fit less its epochs:
+  worker group start, loop set-up, checkpoints, reports), ``epochs`` (the epochs' own seconds, from
+  their ``train_rows / rows_per_second`` metrics in MLflow), ``log`` (model, loss curve, champion
+  comparison, final metrics));
 - ``job_exit``: the job's result -> the Jobs API's end time; ``airflow_finish``: job end -> task end
   (last poll, log tail, XCom).
 
@@ -64,8 +65,8 @@ from bench._common import REPO, STATE, machine, table, write_json
 
 DAG_ID = "retrain_tabular"
 RAY_TASKS = ("preprocess", "train")
-SPARK_PHASES = ("startup", "check_input", "ray_connect", "spark_start", "read", "compute", "write", "commit",
-                "spark_stop")  # fmt: skip
+SPARK_PHASES = ("startup", "check_input", "ray_connect", "spark_start", "spark_session", "read", "compute", "write",
+                "commit", "spark_stop")  # fmt: skip
 TRAIN_PHASES = ("startup", "check_inputs", "ray_connect", "plan", "mlflow_start", "build_trainer", "worker_group",
                 "epochs", "log")  # fmt: skip
 FIRST_SIZE_DATE = dt.date(2026, 9, 1)  # one date per size; the backfill's dates follow them
@@ -94,9 +95,10 @@ def split_task(
         fit = phases.pop("fit")
         phases["worker_group"] = fit - (epochs_s or 0.0)
         phases["epochs"] = epochs_s or 0.0
-    order = SPARK_PHASES if "spark_start" in phases else TRAIN_PHASES
+    order = SPARK_PHASES if "read" in phases else TRAIN_PHASES
     for name in order:
-        parts[name] = phases.pop(name, 0.0)
+        if name in phases or name not in ("spark_start", "spark_session", "spark_stop"):
+            parts[name] = phases.pop(name, 0.0)  # a job's own session or a shared one: only its phases
     parts["job_other"] = usage["wall_seconds"] - sum(parts[n] for n in order) - sum(phases.values())
     parts.update(phases)  # any phase the job added since
     parts["job_exit"] = job["ended"] - usage["ended_at"]
@@ -257,16 +259,22 @@ def backfill(
         body = {"dag_id": DAG_ID, "from_date": f"{dates[0]}T00:00:00Z", "to_date": f"{dates[-1]}T00:00:00Z",
                 "reprocess_behavior": "completed", "max_active_runs": MAX_ACTIVE_RUNS, "dag_run_conf": conf or {}}  # fmt: skip
         started = time.time()
-        api.call("POST", "/api/v2/backfills", body)
+        created = api.call("POST", "/api/v2/backfills", body)
         runs: list[dict] = []
         while len(runs) < days:
             runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
+            # this backfill's runs, not an earlier one's
+            runs = [r for r in runs if str(r["logical_date"])[:10] in dates]
             time.sleep(3)
         # unpausing also made the scheduled run of the latest day: not ours (its sensor only waits)
         for run in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]:
             api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
         finished = wait_for_runs(api, {r["dag_run_id"] for r in runs}, timeout=4 * 3600)
         ended = max(_utc(r["end_date"]) for r in finished.values())
+        try:  # its runs are done; the scheduler may not have closed it yet, and the next one needs that
+            api.call("PUT", f"/api/v2/backfills/{created['id']}/cancel", retries=1)
+        except AssertionError:
+            pass  # already closed
         api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
     finally:
         airflow.stop()

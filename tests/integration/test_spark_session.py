@@ -140,10 +140,15 @@ def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_w
         own, cos_server.endpoint, SECRET_ID, SECRET_KEY
     )
 
-    # A job that needs both CPUs (two executors) while the idle warm session holds one: it is released.
-    both = preprocess(cos_prefix, days[0], "job", tag, output="staged_wide", num_executors=2)
-    assert sum(both["rows_out"].values()) == ROWS
-    assert session["name"] not in shared_sessions()
+    # A session of another configuration that needs both CPUs (two executors) while the idle warm
+    # session holds one: the idle one gives way. Then a job's own session needs both: the same.
+    wide = preprocess(cos_prefix, days[0], "shared", tag, output="staged_wide", num_executors=2)
+    assert wide["spark_session"]["name"] != session["name"] and wide["spark_session"]["calls"] == 1
+    now = shared_sessions()
+    assert wide["spark_session"]["name"] in now and session["name"] not in now
+    both = preprocess(cos_prefix, days[0], "job", tag, output="staged_wide_job", num_executors=2)
+    assert sum(both["rows_out"].values()) == sum(wide["rows_out"].values()) == ROWS
+    assert wide["spark_session"]["name"] not in shared_sessions()
 
 
 def test_bad_input_keeps_the_session_a_killed_one_is_replaced_and_an_idle_one_stops(

@@ -264,6 +264,8 @@ def run_shared(
     runtime_env = session_runtime_env(job_runtime_env)
     name = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env)
     for attempt in (1, 2):
+        if not _exists(name):  # a new session needs its executors' CPUs: other idle sessions give way
+            release_idle(float(settings["num_executors"]) * float(settings["executor_cores"]), keep=name)
         handle = (
             actor_class()
             .options(**_options(name, runtime_env))
@@ -291,16 +293,20 @@ def run_shared(
     raise AssertionError("unreachable")
 
 
-def _wait_gone(name: str, timeout: float = 30.0) -> None:
-    """Wait until a stopping session's name is free, so the next call starts a fresh one."""
+def _exists(name: str) -> bool:
     import ray
 
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _wait_gone(name: str, timeout: float = 30.0) -> None:
+    """Wait until a stopping session's name is free, so the next call starts a fresh one."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            return
+    while time.monotonic() < deadline and _exists(name):
         time.sleep(0.5)
 
 
