@@ -1,9 +1,10 @@
 """A warm Spark session that outlives one job (``spark_session="shared"``, :mod:`emr_ray.jobs.spark_session`).
 
-Real Ray jobs on the session's 2-CPU head, real Spark on Ray, the COS stand-in with signature checks.
-Each test gives its sessions a configuration of its own (a Spark setting with a fresh value), so no
-other test's session serves it. This module is also a job (``python -m tests.integration.test_spark_session``)
-that lists or kills the shared sessions, as an operator of the cluster would.
+Real Ray jobs on the session's cluster (its 2-CPU head, plus any node another test added), real
+Spark on Ray, the COS stand-in with signature checks. Each test gives its sessions a configuration of
+its own (a Spark setting with a fresh value), so no other test's session serves it. This module is
+also a job (``python -m tests.integration.test_spark_session``) that lists or kills the shared
+sessions and counts the cluster's CPUs, as an operator of the cluster would.
 """
 
 from __future__ import annotations
@@ -40,15 +41,21 @@ def sessions_job(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("kill"):
         for name in names:
             ray.kill(ray.get_actor(name, namespace=spark_session.NAMESPACE), no_restart=True)
-    return {"sessions": names}
+    return {"sessions": names, "cpus": int(ray.cluster_resources().get("CPU", 0))}
 
 
-def shared_sessions(kill: bool = False) -> list[str]:
+def cluster(kill: bool = False) -> dict[str, Any]:
+    """The shared sessions on the cluster and its CPUs (the session's head, plus any node another
+    test added to it)."""
     from emr_ray.operators.ray import RayJobOperator
 
     op = RayJobOperator(task_id="sessions", job_module="tests.integration.test_spark_session",
                         spec={"kill": kill}, poll_interval=0.5)  # fmt: skip
-    return op.execute({"ti": FakeTaskInstance("sessions")})["sessions"]
+    return op.execute({"ti": FakeTaskInstance("sessions")})
+
+
+def shared_sessions(kill: bool = False) -> list[str]:
+    return cluster(kill)["sessions"]
 
 
 def upload(hook, prefix: str, day: str, table: pa.Table | None = None) -> None:
@@ -140,13 +147,14 @@ def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_w
         own, cos_server.endpoint, SECRET_ID, SECRET_KEY
     )
 
-    # A session of another configuration that needs both CPUs (two executors) while the idle warm
-    # session holds one: the idle one gives way. Then a job's own session needs both: the same.
-    wide = preprocess(cos_prefix, days[0], "shared", tag, output="staged_wide", num_executors=2)
+    # A session of another configuration that needs every CPU of the cluster (one executor per CPU)
+    # while the idle warm session holds one: the idle one gives way. Then a job's own session: the same.
+    cpus = cluster()["cpus"]
+    wide = preprocess(cos_prefix, days[0], "shared", tag, output="staged_wide", num_executors=cpus)
     assert wide["spark_session"]["name"] != session["name"] and wide["spark_session"]["calls"] == 1
     now = shared_sessions()
     assert wide["spark_session"]["name"] in now and session["name"] not in now
-    both = preprocess(cos_prefix, days[0], "job", tag, output="staged_wide_job", num_executors=2)
+    both = preprocess(cos_prefix, days[0], "job", tag, output="staged_wide_job", num_executors=cpus)
     assert sum(both["rows_out"].values()) == sum(wide["rows_out"].values()) == ROWS
     assert wide["spark_session"]["name"] not in shared_sessions()
 

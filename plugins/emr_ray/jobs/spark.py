@@ -266,8 +266,10 @@ def preprocess_partition(
     preprocess = import_by_path(spec.preprocess)
     generation = partitions.new_generation()
     committed = None
+    cached: list[Any] = []  # a shared session serves the next partition: free its memory for that
     try:
         df = read_partition(spark, input_uri, files, options).cache()
+        cached.append(df)
         validate_columns(df, config.get("required_columns", []), input_uri)
         _raise_if(value_problems(df, config.get("finite_columns", [])), input_uri)
         rows_in = df.count()
@@ -279,7 +281,6 @@ def preprocess_partition(
         if not isinstance(outputs, dict):
             outputs = {"data": outputs}
         written: dict[str, Any] = {}
-        cached = [df]
         for name, out in outputs.items():
             out = out.cache()
             cached.append(out)
@@ -301,9 +302,12 @@ def preprocess_partition(
         }
         committed = partitions.commit(output_uri, generation, manifest, options, keep=spec.keep_generations)
         lap("commit")
-        for frame in cached:  # a shared session serves the next partition: keep its memory for that
-            frame.unpersist()
     finally:
+        for frame in cached:
+            try:
+                frame.unpersist()
+            except Exception as e:  # a broken session: the error that broke it is the one to report
+                log.warning("Could not unpersist a cached DataFrame: %s", e)
         if committed is None:
             partitions.discard(output_uri, generation, options)
     return {

@@ -160,10 +160,6 @@ class WarmSpark:
         threading.Thread(target=self._stop, daemon=True).start()
         return True
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "calls": self.calls, "busy": self.busy, "retired": self.retired,
-                "idle_seconds": round(time.monotonic() - self.last_used, 1), "cpus": self.cpus}  # fmt: skip
-
     def _watch_idle(self) -> None:
         while True:
             time.sleep(min(5.0, max(self.idle_timeout_s / 4, 0.5)))

@@ -4,73 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from emr_ray.identity import TaskIdentity
-from emr_ray.operators.ray import RayJobOperator
-from emr_ray.spec import MLflowSection, RLlibJobSpec
+from emr_ray.operators.mlflow_job import MLflowJobOperator
+from emr_ray.spec import RLlibJobSpec
 
 if TYPE_CHECKING:
-    from emr_ray.hooks.mlflow import MLflowHook
-
-
-class MLflowJobOperator(RayJobOperator):
-    """A Ray job that logs to MLflow: the connection's login reaches the job only as secret
-    environment variables, and a login MLflow refuses fails the task before any cluster work.
-
-    The same pieces as :class:`~emr_ray.operators.torch.TorchTrainOperator`'s, as a base class that
-    training operators share.
-
-    :param mlflow_conn_id: the ``mlflow`` connection the job logs to. Its login and password (or
-        token) reach the job only as ``MLFLOW_TRACKING_*`` secret environment variables
-        (:meth:`job_secrets`), never in its spec, entrypoint or runtime_env.
-    """
-
-    def __init__(self, *, mlflow_conn_id: str = "mlflow_default", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.mlflow_conn_id = mlflow_conn_id
-
-    @cached_property
-    def mlflow_hook(self) -> MLflowHook:
-        """The hook of ``mlflow_conn_id`` (one per task: the connection is read once)."""
-        from emr_ray.hooks.mlflow import MLflowHook
-
-        return MLflowHook(self.mlflow_conn_id)
-
-    def job_secrets(self, context: Any, spec: Mapping[str, Any]) -> dict[str, str]:
-        """The base class's secrets (COS keys) plus MLflow's credential variables."""
-        return super().job_secrets(context, spec) | self.mlflow_hook.credential_env()
-
-    def check_mlflow_access(self) -> None:
-        """Fail before any cluster work when an http(s) MLflow refuses the connection's credentials
-        (:class:`~emr_ray.exceptions.MLflowAuthError`, not retried); when MLflow cannot be reached
-        from here, the job still tries from the cluster."""
-        from emr_ray.exceptions import MLflowAuthError
-
-        hook = self.mlflow_hook
-        if not hook.tracking_uri.startswith(("http://", "https://")):
-            return
-        try:
-            hook.check_access()
-        except MLflowAuthError:
-            raise
-        except Exception as e:
-            self.log.warning("Could not check the MLflow login before submitting (%s: %s); the job will "
-                             "try from the cluster", type(e).__name__, e)  # fmt: skip
-
-    def mlflow_section(
-        self, context: Any, identity: TaskIdentity, experiment_name: str | None
-    ) -> MLflowSection:
-        """Where the job logs: the connection's public settings, the task's identity as run tags."""
-        settings = self.mlflow_hook.job_settings()
-        return MLflowSection(
-            tracking_uri=settings["tracking_uri"],
-            registry_uri=settings.get("registry_uri"),
-            artifact_location=settings.get("artifact_location"),
-            experiment_name=experiment_name or identity.dag_id,
-            tags=identity.tags() | {"partition": str(context.get("ds", ""))},
-        )
+    pass
 
 
 class RLlibTrainOperator(MLflowJobOperator):
@@ -109,11 +50,11 @@ class RLlibTrainOperator(MLflowJobOperator):
     """
 
     template_fields: Sequence[str] = (
-        *RayJobOperator.template_fields, "algorithm", "env", "env_config", "config", "model_config",
+        *MLflowJobOperator.template_fields, "algorithm", "env", "env_config", "config", "model_config",
         "iterations", "storage_path", "num_env_runners", "num_envs_per_env_runner", "seed", "experiment_name",
     )  # fmt: skip
     template_fields_renderers = {
-        **RayJobOperator.template_fields_renderers,
+        **MLflowJobOperator.template_fields_renderers,
         "config": "json",
         "env_config": "json",
         "model_config": "json",

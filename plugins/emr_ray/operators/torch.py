@@ -4,26 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from emr_ray.identity import TaskIdentity
-from emr_ray.operators.ray import RayJobOperator
+from emr_ray.operators.mlflow_job import MLflowJobOperator
 from emr_ray.spec import (
     CheckpointSpec,
     CompareSection,
     FailureSpec,
-    MLflowSection,
     ScalingSpec,
     TrainJobSpec,
 )
 from emr_ray.templating import as_bool
 
-if TYPE_CHECKING:
-    from emr_ray.hooks.mlflow import MLflowHook
 
-
-class TorchTrainOperator(RayJobOperator):
+class TorchTrainOperator(MLflowJobOperator):
     """Train a model with ``TorchTrainer`` on the cluster; each worker reads its own rows of the staged Parquet.
 
     Workers read their shards straight from storage with pyarrow (``emr_ray.train.worker_shard``): equal
@@ -73,12 +68,12 @@ class TorchTrainOperator(RayJobOperator):
     """
 
     template_fields: Sequence[str] = (
-        *RayJobOperator.template_fields, "train_loop", "datasets", "config", "storage_path", "num_workers",
+        *MLflowJobOperator.template_fields, "train_loop", "datasets", "config", "storage_path", "num_workers",
         "use_gpu", "resources_per_worker", "placement_strategy", "experiment_name",
         "compare_with_model",
     )  # fmt: skip
     template_fields_renderers = {
-        **RayJobOperator.template_fields_renderers,
+        **MLflowJobOperator.template_fields_renderers,
         "config": "json",
         "datasets": "json",
     }
@@ -106,7 +101,7 @@ class TorchTrainOperator(RayJobOperator):
         compare_alias: str = "champion",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(mlflow_conn_id=mlflow_conn_id, **kwargs)
         # not templated: checked when the DAG is parsed
         self.checkpoint = CheckpointSpec(num_to_keep, score_attribute, score_order)
         self.failure = FailureSpec(int(max_failures))
@@ -122,45 +117,12 @@ class TorchTrainOperator(RayJobOperator):
         self.score_attribute = score_attribute
         self.score_order = score_order
         self.max_failures = max_failures
-        self.mlflow_conn_id = mlflow_conn_id
         self.experiment_name = experiment_name
         self.compare_with_model = compare_with_model
         self.compare_alias = compare_alias
 
-    @cached_property
-    def mlflow_hook(self) -> MLflowHook:
-        """The hook of ``mlflow_conn_id`` (one per task: the connection is read once)."""
-        from emr_ray.hooks.mlflow import MLflowHook
-
-        return MLflowHook(self.mlflow_conn_id)
-
-    def job_secrets(self, context: Any, spec: Mapping[str, Any]) -> dict[str, str]:
-        """The base class's secrets (COS keys) plus MLflow's ``MLFLOW_TRACKING_USERNAME`` and
-        ``MLFLOW_TRACKING_PASSWORD`` (or ``MLFLOW_TRACKING_TOKEN``) from the ``mlflow`` connection."""
-        return super().job_secrets(context, spec) | self.mlflow_hook.credential_env()
-
-    def check_mlflow_access(self) -> None:
-        """Fail before any cluster work when an http(s) MLflow refuses the connection's credentials.
-
-        Only a refusal (401, 403) fails the task, as :class:`~emr_ray.exceptions.MLflowAuthError`
-        (not retried); when MLflow cannot be reached from here, the job still tries from the cluster.
-        """
-        from emr_ray.exceptions import MLflowAuthError
-
-        hook = self.mlflow_hook
-        if not hook.tracking_uri.startswith(("http://", "https://")):
-            return
-        try:
-            hook.check_access()
-        except MLflowAuthError:
-            raise
-        except Exception as e:
-            self.log.warning("Could not check the MLflow login before submitting (%s: %s); the job will "
-                             "try from the cluster", type(e).__name__, e)  # fmt: skip
-
     def build_spec(self, context: Any, identity: TaskIdentity) -> TrainJobSpec:
         self.check_mlflow_access()
-        mlflow_settings = self.mlflow_hook.job_settings()
         resources = {k: float(v) for k, v in (self.resources_per_worker or {}).items()} or None
         return TrainJobSpec(
             train_loop=self.train_loop,
@@ -173,13 +135,7 @@ class TorchTrainOperator(RayJobOperator):
             failure=self.failure,
             run_name=identity.run_name,
             storage_path=identity.checkpoint_path(self.storage_path),
-            mlflow=MLflowSection(
-                tracking_uri=mlflow_settings["tracking_uri"],
-                registry_uri=mlflow_settings.get("registry_uri"),
-                artifact_location=mlflow_settings.get("artifact_location"),
-                experiment_name=self.experiment_name or identity.dag_id,
-                tags=identity.tags() | {"partition": str(context.get("ds", ""))},
-            ),
+            mlflow=self.mlflow_section(context, identity, self.experiment_name),
             compare=self._compare_section(),
         )
 
