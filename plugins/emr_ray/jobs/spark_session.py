@@ -38,6 +38,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from emr_ray.reuse import FORCE_ENV
+from emr_ray.secrets import SECRET_REF_ENV
+
 log = logging.getLogger("emr_ray.jobs.spark_session")
 
 #: the Ray namespace of the shared Spark sessions (one detached actor per configuration)
@@ -45,8 +48,7 @@ NAMESPACE = "emr_ray_spark_sessions"
 NAME_PREFIX = "spark-"
 #: the environment variables a job's runtime_env has that are this job's alone (secret reference,
 #: forced recompute): not part of the session's configuration, never given to the session
-PER_JOB_ENV = frozenset({"EMR_RAY_SECRETS_REF", "EMR_RAY_FORCE"})
-SESSION_MODES = ("job", "shared")
+PER_JOB_ENV = frozenset({SECRET_REF_ENV, FORCE_ENV})
 
 
 class SessionRetired(RuntimeError):
