@@ -19,12 +19,15 @@ from emr_ray.params import (
     PARTITION_TEMPLATE,
     SPARK_IDLE_TIMEOUT_TEMPLATE,
     SPARK_SESSION_TEMPLATE,
+    WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE,
+    WORKER_GROUP_TEMPLATE,
     committed_generation,
     committed_output,
     daily_partitions,
     history_start,
     pipeline_params,
     spark_session_param,
+    worker_group_param,
 )
 from emr_ray.sensors.cos import COSSensor
 
@@ -47,6 +50,7 @@ with DAG(
     params={
         **pipeline_params(),
         "spark_session": spark_session_param(),
+        "worker_group": worker_group_param(),
         "epochs": Param(12, type="integer", minimum=1, maximum=200),
         "lr": Param(0.003, type="number", exclusiveMinimum=0),
         "num_workers": Param(2, type="integer", minimum=1, maximum=64),
@@ -88,6 +92,8 @@ with DAG(
     )
     train = TorchTrainOperator(
         task_id="train",
+        worker_group=WORKER_GROUP_TEMPLATE,
+        worker_group_idle_timeout=WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE,
         train_loop="include.models.digits:train_loop",
         # exactly the generation this run's preprocessing committed, never "whatever is current"
         datasets={name: committed_output("preprocess", name) for name in ("train", "test")},

@@ -29,12 +29,15 @@ from emr_ray.params import (
     PARTITION_TEMPLATE,
     SPARK_IDLE_TIMEOUT_TEMPLATE,
     SPARK_SESSION_TEMPLATE,
+    WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE,
+    WORKER_GROUP_TEMPLATE,
     committed_generation,
     committed_output,
     daily_partitions,
     history_start,
     pipeline_params,
     spark_session_param,
+    worker_group_param,
 )
 from emr_ray.sensors.cos import COSSensor
 
@@ -60,6 +63,7 @@ with DAG(
     params={
         **pipeline_params(),
         "spark_session": spark_session_param(),
+        "worker_group": worker_group_param(),
         "epochs": Param(4, type="integer", minimum=1, maximum=200),
         "lr": Param(0.02, type="number", exclusiveMinimum=0),
         "embedding_dim": Param(32, type="integer", minimum=2, maximum=1024),
@@ -104,6 +108,8 @@ with DAG(
     )
     train = TorchTrainOperator(
         task_id="train",
+        worker_group=WORKER_GROUP_TEMPLATE,
+        worker_group_idle_timeout=WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE,
         train_loop="include.models.recsys:train_loop",
         # exactly the generation this run's preprocessing committed; the indexes travel with the model
         datasets={name: committed_output("preprocess", name) for name in ("train", "test", "users", "items")},

@@ -56,8 +56,9 @@ class LocalStack:
     mlflow_ui_port: int | None = None
     postgres: bool = False
     mlflow_on_postgres: bool = False
-    #: seconds a shared Spark session of the DAGs waits unused (the ``emr_ray_spark_idle_timeout`` Variable)
-    spark_idle_timeout: int = 600
+    #: seconds a warm pool of the DAGs (Spark session, training worker group) waits unused (the
+    #: ``emr_ray_spark_idle_timeout`` and ``emr_ray_worker_group_idle_timeout`` Variables)
+    warm_idle_timeout: int = 600
     _owns_ray: bool = field(default=False, repr=False)
     _owns_cos: bool = field(default=False, repr=False)
     _mlflow_ui: subprocess.Popen | None = field(default=None, repr=False)
@@ -244,7 +245,8 @@ class LocalStack:
             "AIRFLOW_VAR_EMR_RAY_DIGITS_RAW_URI": self.digits_raw_uri,
             "AIRFLOW_VAR_EMR_RAY_STAGING_URI": self.staging_uri,
             "AIRFLOW_VAR_EMR_RAY_CHECKPOINT_URI": self.checkpoint_uri,
-            "AIRFLOW_VAR_EMR_RAY_SPARK_IDLE_TIMEOUT": str(self.spark_idle_timeout),
+            "AIRFLOW_VAR_EMR_RAY_SPARK_IDLE_TIMEOUT": str(self.warm_idle_timeout),
+            "AIRFLOW_VAR_EMR_RAY_WORKER_GROUP_IDLE_TIMEOUT": str(self.warm_idle_timeout),
             # the project root: where these processes import include/ and devstack (the connect args above)
             "PYTHONPATH": os.pathsep.join([str(self.project_root), os.environ.get("PYTHONPATH", "")]).rstrip(
                 os.pathsep

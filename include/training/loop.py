@@ -100,18 +100,17 @@ def run_epochs(
     """Train ``build_model(config)``: evaluate, report and checkpoint once per epoch."""
     import torch
     import torch.distributed as dist
-    from ray.train.torch import get_device, prepare_model
 
     extra_metrics = extra_metrics or {}
     seed = int(config.get("seed", 42))
     torch.manual_seed(seed)
-    device = get_device()
+    device = emr_train.device()
     model = build_model(config)
     resumed = emr_train.latest_state()
     if resumed:
         model.load_state_dict(resumed.model)
     start_epoch = resumed.epoch + 1 if resumed else 0
-    model = prepare_model(model)
+    model = emr_train.prepare_model(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=float(config.get("lr", 1e-3)))
     if resumed and resumed.optimizer:
         optimizer.load_state_dict(resumed.optimizer)

@@ -118,6 +118,26 @@ SPARK_SESSION_TEMPLATE = "{{ params.spark_session }}"
 SPARK_IDLE_TIMEOUT_TEMPLATE = "{{ var.value.get('emr_ray_spark_idle_timeout', 600) }}"
 
 
+#: where the training's loop runs, from the run's ``worker_group`` Param
+WORKER_GROUP_TEMPLATE = "{{ params.worker_group }}"
+#: how long a warm training worker group waits for the next partition: the
+#: ``emr_ray_worker_group_idle_timeout`` Variable (seconds), 600 by default
+WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE = "{{ var.value.get('emr_ray_worker_group_idle_timeout', 600) }}"
+
+
+def worker_group_param() -> Any:
+    """Where the training runs: a warm ``shared`` worker group, or Ray Train's group for the ``job``."""
+    from airflow.sdk import Param
+
+    return Param(
+        "shared",
+        enum=["shared", "job"],
+        description="shared: a warm worker group that outlives the job trains (no worker start-up per "
+        "partition; released when the cluster needs its CPUs); job: Ray Train starts and stops a worker "
+        "group for each training.",
+    )
+
+
 def spark_session_param() -> Any:
     """Which Spark session the preprocessing runs in: a warm ``shared`` one, or the ``job``'s own."""
     from airflow.sdk import Param

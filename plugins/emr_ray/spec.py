@@ -97,6 +97,8 @@ class StorageSection(SpecPart):
 
 
 SPARK_SESSIONS = ("job", "shared")
+#: where a training's loop runs: Ray Train's worker group for the job, or a warm one that outlives it
+WORKER_GROUPS = ("job", "shared")
 
 
 @dataclass(frozen=True)
@@ -263,9 +265,22 @@ class TrainJobSpec(SpecPart):
     identity: dict[str, str] = field(default_factory=dict)
     storage: StorageSection = field(default_factory=StorageSection)
     compare: CompareSection | None = None
+    #: ``job``: Ray Train builds a worker group for this fit; ``shared``: a warm group that outlives the
+    #: job runs the loop (:mod:`emr_ray.jobs.train_group`), stopped after ``worker_group_idle_timeout_s``
+    worker_group: str = "job"
+    worker_group_idle_timeout_s: int = 600
 
     def __post_init__(self) -> None:
         _check_import_path("train_loop", self.train_loop)
+        _require(
+            self.worker_group in WORKER_GROUPS,
+            f"worker_group={self.worker_group!r}: use 'job' (Ray Train's worker group per fit) or 'shared' "
+            "(a warm worker group that outlives the job).",
+        )
+        _require(
+            int(self.worker_group_idle_timeout_s) >= 1,
+            f"worker_group_idle_timeout={self.worker_group_idle_timeout_s}: use at least 1 second.",
+        )
         _require(
             bool(self.datasets) and "train" in self.datasets,
             "datasets must name a 'train' URI (and usually 'test').",

@@ -14,7 +14,12 @@ weights, raw text or raw ids in). What the loop feeds the model is declared in i
   from the committed Parquet files: equal shards for ``train``, all rows spread for the others);
 - :func:`latest_state` gives the state to resume from (after a worker restart or an Airflow retry);
 - :func:`report_epoch` reports an epoch's metrics and, from rank 0, checkpoints the model and
-  optimizer in the one format the job reads back (:func:`load_weights`, :func:`read_metrics`).
+  optimizer in the one format the job reads back (:func:`load_weights`, :func:`read_metrics`);
+- :func:`device` and :func:`prepare_model` place the model (and wrap it for data-parallel training).
+
+The same loop runs on Ray Train's workers (``worker_group="job"``) and on a warm worker group that
+outlives the job (``worker_group="shared"``, :mod:`emr_ray.jobs.train_group`): these functions are the
+loop's whole view of where it runs, so a loop that uses only them runs in both.
 
 The checkpoint files are this module's business: user code never names them, so the job can rely on
 them. Runs on the cluster: never imports Airflow; torch and ray are imported inside functions.
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -93,6 +99,59 @@ class TrainState:
     metrics: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class WarmCall:
+    """What a warm worker group gives its loop in place of Ray Train's context (one call, one worker)."""
+
+    rank: int
+    world_size: int
+    device: Any
+    #: the job's storage options (a warm worker has no job's secrets in its environment)
+    options: Any
+    #: a local copy of the checkpoint to resume from, or None on a fresh start
+    resume_dir: str | None
+    #: ``report(metrics, checkpoint_dir or None)``: rank 0 stores the checkpoint before it returns
+    report: Callable[[dict[str, Any], str | None], None]
+
+
+#: set by :mod:`emr_ray.jobs.train_group` while a warm worker runs a loop; None under Ray Train
+_warm: WarmCall | None = None
+
+
+def _rank_and_size() -> tuple[int, int]:
+    if _warm is not None:
+        return _warm.rank, _warm.world_size
+    import ray.train
+
+    context = ray.train.get_context()
+    return context.get_world_rank(), context.get_world_size()
+
+
+def device() -> Any:
+    """The ``torch.device`` this worker trains on (its GPU, or the CPU)."""
+    if _warm is not None:
+        return _warm.device
+    from ray.train.torch import get_device
+
+    return get_device()
+
+
+def prepare_model(model: Any) -> Any:
+    """``model`` on this worker's device, wrapped in ``DistributedDataParallel`` when there are several
+    workers (as Ray Train's ``prepare_model`` does)."""
+    if _warm is None:
+        from ray.train.torch import prepare_model as ray_prepare_model
+
+        return ray_prepare_model(model)
+    model = model.to(_warm.device)
+    if _warm.world_size == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    on_gpu = getattr(_warm.device, "type", "cpu") == "cuda"
+    return DistributedDataParallel(model, device_ids=[_warm.device] if on_gpu else None)
+
+
 def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
     """This Ray Train worker's rows of dataset ``name`` (a pyarrow Table; ``None`` when it has none).
 
@@ -100,19 +159,18 @@ def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
     there (file list and row counts, no secrets). The storage credentials come from the job's
     environment, which Ray passes on to the workers.
     """
-    import ray.train
-
     from emr_ray import storage
     from emr_ray.spec import StorageSection
 
     plan = config[shards.PLAN_KEY]
     entry = plan["datasets"][name]
-    context = ray.train.get_context()
-    pieces = shards.plan(
-        [(p, int(n)) for p, n in entry["files"]], context.get_world_size(), equal=entry["equal"]
-    )
-    options = StorageSection.from_dict(plan.get("storage") or {}).options()
-    return shards.read(pieces[context.get_world_rank()], storage.filesystem(entry["uri"], options), columns)
+    rank, world_size = _rank_and_size()
+    pieces = shards.plan([(p, int(n)) for p, n in entry["files"]], world_size, equal=entry["equal"])
+    if _warm is not None:
+        options = _warm.options
+    else:
+        options = StorageSection.from_dict(plan.get("storage") or {}).options()
+    return shards.read(pieces[rank], storage.filesystem(entry["uri"], options), columns)
 
 
 def save_state(directory: str, *, model: Any, optimizer: Any, epoch: int, metrics: dict[str, Any]) -> None:
@@ -154,6 +212,8 @@ def load_weights(model: Any, directory: str) -> Any:
 
 def latest_state() -> TrainState | None:
     """The state to resume from inside a Ray Train loop, or None on a fresh start."""
+    if _warm is not None:
+        return load_state(_warm.resume_dir) if _warm.resume_dir else None
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
@@ -168,10 +228,17 @@ def report_epoch(metrics: dict[str, Any], *, model: Any, optimizer: Any, epoch: 
 
     Every worker must call it once per epoch (Ray Train waits for all ranks).
     """
+    metrics = {"epoch": int(epoch), **metrics}
+    rank, _ = _rank_and_size()
+    if _warm is not None:
+        if rank != 0:
+            return _warm.report(metrics, None)
+        with tempfile.TemporaryDirectory() as tmp:
+            save_state(tmp, model=model, optimizer=optimizer, epoch=epoch, metrics=metrics)
+            return _warm.report(metrics, tmp)
     import ray.train
 
-    metrics = {"epoch": int(epoch), **metrics}
-    if ray.train.get_context().get_world_rank() != 0:
+    if rank != 0:
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory() as tmp:

@@ -167,9 +167,9 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
     configs, env = session_settings(spec, options)
     if spec.spark.session == "shared":
         return _run_shared(spec, configs, env, options, files)
-    from emr_ray.jobs import spark_session
+    from emr_ray.jobs import warm
 
-    spark_session.release_idle(_cpus(spec))  # idle warm sessions give way to this job's executors
+    warm.release_idle(_cpus(spec))  # idle warm pools give way to this job's executors
     os.environ.update(env)  # read by the JVM raydp starts next
     spark = start_spark(spec.spark.app_name, spec.spark, configs)
     _usage.lap("spark_start")

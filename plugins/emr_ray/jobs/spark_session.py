@@ -28,42 +28,23 @@ commit in it (:func:`emr_ray.jobs.spark.preprocess_partition`, the same code as 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from emr_ray.reuse import FORCE_ENV
-from emr_ray.secrets import SECRET_REF_ENV
+from emr_ray.jobs import warm
+from emr_ray.jobs.warm import CallLog, release_idle  # noqa: F401 - release_idle: this module's API too
 
 log = logging.getLogger("emr_ray.jobs.spark_session")
 
 #: the Ray namespace of the shared Spark sessions (one detached actor per configuration)
 NAMESPACE = "emr_ray_spark_sessions"
-NAME_PREFIX = "spark-"
-#: the environment variables a job's runtime_env has that are this job's alone (secret reference,
-#: forced recompute): not part of the session's configuration, never given to the session
-PER_JOB_ENV = frozenset({SECRET_REF_ENV, FORCE_ENV})
-
-
-class SessionRetired(RuntimeError):
-    """The session was stopping when the call arrived (idle timeout, released): use a fresh one."""
-
-
-def session_runtime_env(job_runtime_env: Mapping[str, Any]) -> dict[str, Any]:
-    """The job's runtime_env without what is this job's alone (its secret reference, its flags)."""
-    env = {k: v for k, v in dict(job_runtime_env).items() if k not in ("config", "_ray_commit")}
-    env_vars = {k: v for k, v in dict(env.get("env_vars") or {}).items() if k not in PER_JOB_ENV}
-    if env_vars:
-        env["env_vars"] = env_vars
-    else:
-        env.pop("env_vars", None)
-    return env
+NAME_PREFIX = warm.POOLS[NAMESPACE]
+SessionRetired = warm.PoolRetired
+session_runtime_env = warm.pool_runtime_env
 
 
 def session_key(
@@ -74,10 +55,8 @@ def session_key(
         "spark": {k: v for k, v in settings.items() if k != "app_name"},
         "configs": dict(configs),
         "runtime_env": dict(runtime_env),
-        "python": sys.version,
     }
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-    return NAME_PREFIX + digest[:20]
+    return warm.pool_key(NAME_PREFIX, payload)
 
 
 class WarmSpark:
@@ -122,7 +101,7 @@ class WarmSpark:
             self.busy = True
         recorder = _usage.Recorder()
         began = time.time()
-        lines = _CallLog.attach()
+        lines = CallLog.attach()
         try:
             result = preprocess_partition(self.spark, SparkJobSpec.from_dict(spec_payload), options, files,
                                           lap=recorder.lap)  # fmt: skip
@@ -132,7 +111,7 @@ class WarmSpark:
             self.retired = True  # never reuse a context that just failed
             raise
         finally:
-            _CallLog.detach()
+            CallLog.detach()
             self.calls += 1
             self.last_used = time.monotonic()
             self.busy = False
@@ -186,39 +165,6 @@ class WarmSpark:
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 
-class _CallLog(logging.Handler):
-    """The log lines of the running call (the session's ``emr_ray`` and ``include`` loggers), handed
-    back to the job, which prints them: a detached actor's own output reaches no job's log."""
-
-    LOGGERS = ("emr_ray", "include")
-    FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # as the job runtime's own lines
-    _current: _CallLog | None = None
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-        self.setFormatter(logging.Formatter(self.FORMAT))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-    @classmethod
-    def attach(cls) -> list[str]:
-        handler = cls._current = cls()
-        for name in cls.LOGGERS:
-            logger = logging.getLogger(name)
-            logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
-            logger.addHandler(handler)
-        return handler.lines
-
-    @classmethod
-    def detach(cls) -> None:
-        for name in cls.LOGGERS:
-            if cls._current is not None:
-                logging.getLogger(name).removeHandler(cls._current)
-        cls._current = None
-
-
 _ACTOR: Any = None
 
 
@@ -262,7 +208,9 @@ def run_shared(
     runtime_env = session_runtime_env(job_runtime_env)
     name = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env)
     for attempt in (1, 2):
-        if not _exists(name):  # a new session needs its executors' CPUs: other idle sessions give way
+        if not warm.exists(
+            name, NAMESPACE
+        ):  # a new session needs its executors' CPUs: other idle sessions give way
             release_idle(float(settings["num_executors"]) * float(settings["executor_cores"]), keep=name)
         handle = (
             actor_class()
@@ -273,7 +221,7 @@ def run_shared(
             out = ray.get(handle.run.remote(spec_payload, options, files))
         except RayTaskError as e:
             if isinstance(e.cause, SessionRetired) and attempt == 1:
-                _wait_gone(name)
+                warm.wait_gone(name, NAMESPACE)
                 continue
             if isinstance(e.cause, INPUT_ERRORS):
                 raise e.cause from None  # bad input: its own message, exit 2 (no retry)
@@ -282,7 +230,7 @@ def run_shared(
             if attempt == 2:
                 raise
             log.warning("Shared Spark session %s is gone (%s); preprocessing in a fresh one", name, e)
-            _wait_gone(name)
+            warm.wait_gone(name, NAMESPACE)
             continue
         session = out["session"]
         log.info("Shared Spark session %s: call %d (%s)", name, session["calls"],
@@ -291,55 +239,6 @@ def run_shared(
     raise AssertionError("unreachable")
 
 
-def _exists(name: str) -> bool:
-    import ray
-
-    try:
-        ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        return False
-    return True
-
-
-def _wait_gone(name: str, timeout: float = 30.0) -> None:
-    """Wait until a stopping session's name is free, so the next call starts a fresh one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _exists(name):
-        time.sleep(0.5)
-
-
 def sessions() -> list[str]:
-    import ray
-
-    return sorted(
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a.get("namespace") == NAMESPACE and str(a.get("name", "")).startswith(NAME_PREFIX)
-    )
-
-
-def release_idle(cpus_needed: float, *, keep: str | None = None) -> list[str]:
-    """Release idle shared sessions until ``cpus_needed`` CPUs are free on the cluster (or none is
-    left to release). Returns the names released. ``keep``: a session not to release (the caller's own)."""
-    import ray
-
-    released: list[str] = []
-    if ray.available_resources().get("CPU", 0.0) >= cpus_needed:
-        return released
-    for name in sessions():
-        if name == keep:
-            continue
-        try:
-            handle = ray.get_actor(name, namespace=NAMESPACE)
-            if ray.get(handle.release_if_idle.options(concurrency_group="control").remote(), timeout=30):
-                released.append(name)
-        except Exception as e:  # gone meanwhile, or busy and slow: not ours to force
-            log.info("Shared Spark session %s not released: %s", name, e)
-            continue
-        _wait_gone(name)
-        if ray.available_resources().get("CPU", 0.0) >= cpus_needed:
-            break
-    if released:
-        log.info("Released %d idle shared Spark session(s) to free %.1f CPU(s): %s", len(released), cpus_needed,
-                 ", ".join(released))  # fmt: skip
-    return released
+    """The names of the live shared Spark sessions."""
+    return warm.pools(NAMESPACE)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emr_ray import batches, partitions, storage
-from emr_ray.jobs import _usage, shards, spark_session
+from emr_ray.jobs import _usage, shards, warm
 from emr_ray.jobs import compare as comparing
 from emr_ray.jobs import train_mlflow as tracking
 from emr_ray.jobs._runtime import JobInputError, main
@@ -282,13 +282,20 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
         tracking.backfill_checkpointed_epochs(run_state.fsys, run_state.path, spec, mlflow_run_id)
     _usage.lap("mlflow_start")
 
-    # idle warm Spark sessions give way to the worker group (a small cluster has no CPU for both)
-    spark_session.release_idle(spec.scaling.cpus)
-    trainer = build_trainer(spec, plan, options, mlflow_run_id)
+    if spec.worker_group == "shared":  # a warm group that outlives this job (jobs/train_group.py)
+        from emr_ray.jobs.train_warm import WarmTrainer
+
+        trainer = WarmTrainer(spec, plan, options, mlflow_run_id, ray.get_runtime_context().runtime_env)
+    else:
+        # idle warm pools give way to Ray Train's worker group (a small cluster has no CPU for both)
+        warm.release_idle(spec.scaling.cpus)
+        trainer = build_trainer(spec, plan, options, mlflow_run_id)
     _usage.lap("build_trainer")
     fitted = fit_and_log(trainer, spec, plan, options, mlflow_run_id)
     _usage.lap("log", fit=fitted.seconds)  # fit: worker group start + epochs (their seconds: epoch metrics)
     output = result_of(spec, fitted, mlflow_run_id, rows)
+    if getattr(fitted.result, "group", None):
+        output["worker_group"] = fitted.result.group
     run_state.write(state | {"result": output})
     return output
 

@@ -100,24 +100,28 @@ def epoch_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
 
     class EpochLogger(UserCallback):
         def after_report(self, run_context, metrics, checkpoint):
-            import mlflow
-
-            ensure_credentials()  # this runs in Ray Train's controller actor, not in the driver
-            first = dict(metrics[0])
-            epoch = int(first.pop("epoch", 0))
-            text = " ".join(
-                f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(first.items())
-            )
-            print(f"[emr_ray] epoch {epoch + 1}/{epochs} {text}", flush=True)
-            numeric = {k: float(v) for k, v in first.items() if isinstance(v, (int, float))}
-            mlflow.MlflowClient(tracking_uri=tracking_uri).log_batch(
-                mlflow_run_id,
-                metrics=[
-                    mlflow.entities.Metric(k, v, int(time.time() * 1000), epoch) for k, v in numeric.items()
-                ],
-            )
+            log_epoch(tracking_uri, mlflow_run_id, epochs, metrics[0])
 
     return EpochLogger()
+
+
+def log_epoch(tracking_uri: str, mlflow_run_id: str, epochs: int, metrics: dict[str, Any]) -> None:
+    """Print one epoch's metrics (the task log's progress) and log them to the MLflow run.
+
+    Runs where the reports arrive: Ray Train's controller actor, or the job's driver for a warm group.
+    """
+    import mlflow
+
+    ensure_credentials()  # in Ray Train's controller actor, not in the driver
+    first = dict(metrics)
+    epoch = int(first.pop("epoch", 0))
+    text = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(first.items()))
+    print(f"[emr_ray] epoch {epoch + 1}/{epochs} {text}", flush=True)
+    numeric = {k: float(v) for k, v in first.items() if isinstance(v, (int, float))}
+    mlflow.MlflowClient(tracking_uri=tracking_uri).log_batch(
+        mlflow_run_id,
+        metrics=[mlflow.entities.Metric(k, v, int(time.time() * 1000), epoch) for k, v in numeric.items()],
+    )
 
 
 def backfill_checkpointed_epochs(fsys, run_path: str, spec: TrainJobSpec, mlflow_run_id: str) -> None:

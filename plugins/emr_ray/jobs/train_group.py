@@ -1,0 +1,349 @@
+"""A training worker group that outlives one job: the warm path of ``emr_ray.jobs.train`` (cluster side).
+
+Ray Train builds a worker group for every ``fit()``: a controller actor, the workers, torch imported
+in each, the process group, then tears it all down; 10-15 s per training here whatever the data's
+size (``bench/results/SUMMARY.md``). With ``worker_group="shared"`` the training job hands its fit to
+a warm group instead: a detached coordinator actor (:class:`WarmTrainGroup`) that owns one
+:class:`TrainWorker` actor per rank, torch imported and the process group joined once, and runs
+each job's loop on them. The loop is the same code (it sees the group through :mod:`emr_ray.train`).
+
+**Lifecycle** (shared with the Spark sessions: :mod:`emr_ray.jobs.warm`)
+
+- *One per configuration*: the name hashes the scaling (workers, GPUs, resources, placement) and the
+  job's runtime_env less per-job variables (shipped code, packages, Python). Other code, another group.
+- *One job at a time*: a job takes the group's lease; another job with the same configuration waits.
+  The lease holder's job beats every poll; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job
+  was killed) retires the group, so an abandoned loop never runs on.
+- *Idle timeout*, *gives way* to jobs that need its CPUs (``release_if_idle``), like a Spark session.
+- *Never reused after a failure*: a call that fails retires the group (its workers may be stuck in a
+  collective); the job restarts in a fresh group from the latest checkpoint, up to ``max_failures``
+  times, as Ray Train does.
+- *Credentials per call*: the workers read with the job's storage options, passed with the call;
+  the group's environment has no job's secret reference.
+- *Checkpoints* go to the run's folder (:mod:`emr_ray.jobs.train_checkpoints`), so a retry of the
+  Airflow task resumes from them in whichever group serves it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from emr_ray.jobs import warm
+
+log = logging.getLogger("emr_ray.jobs.train_group")
+
+NAMESPACE = "emr_ray_train_groups"
+NAME_PREFIX = warm.POOLS[NAMESPACE]
+#: a lease whose job has not polled for this long is abandoned (the job was killed)
+LEASE_TIMEOUT_S = 30.0
+#: how long a new group waits for its workers' resources before it gives up
+PLACEMENT_TIMEOUT_S = 300.0
+
+
+class GroupFailed(RuntimeError):
+    """A worker of the group failed during the call (the group is retired)."""
+
+
+def group_key(scaling: Mapping[str, Any], runtime_env: Mapping[str, Any]) -> str:
+    """The name of the group for this configuration: equal inputs, equal name; any difference, another."""
+    return warm.pool_key(NAME_PREFIX, {"scaling": dict(scaling), "runtime_env": dict(runtime_env)})
+
+
+def bundle(scaling: Mapping[str, Any]) -> dict[str, float]:
+    """One worker's resources: 1 CPU (and 1 GPU with ``use_gpu``) unless ``resources_per_worker`` says."""
+    resources = {k: float(v) for k, v in dict(scaling.get("resources_per_worker") or {}).items()}
+    resources.setdefault("CPU", 1.0)
+    if scaling.get("use_gpu"):
+        resources.setdefault("GPU", 1.0)
+    return resources
+
+
+class TrainWorker:
+    """One rank: a process with torch imported and the process group joined, that runs a loop per call."""
+
+    def __init__(self, rank: int, world_size: int, use_gpu: bool) -> None:
+        import torch  # what every Ray Train fit would import again
+
+        self.rank, self.world_size, self.use_gpu = rank, world_size, use_gpu
+        self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray sets the visible GPU
+        self.reports: list[dict[str, Any]] = []
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a free port: where rank 0 hosts the process group's rendezvous."""
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return ip, s.getsockname()[1]
+
+    def join(self, master: str, port: int) -> None:
+        if self.world_size == 1:
+            return
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if self.use_gpu else "gloo", init_method=f"tcp://{master}:{port}",
+                                rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=30))  # fmt: skip
+
+    def run(self, train_loop: str, config: dict[str, Any], options: Any, run_uri: str,
+            resume_path: str | None) -> dict[str, Any]:  # fmt: skip
+        """Run the loop once with this call's storage options; rank 0 stores each epoch's checkpoint."""
+        import tempfile
+
+        from emr_ray import storage
+        from emr_ray import train as emr_train
+        from emr_ray.jobs import train_checkpoints
+        from emr_ray.spec import import_by_path
+
+        self.reports = []
+        fsys, run_path = storage.resolve(run_uri, options)
+        lines = warm.CallLog.attach()
+
+        def report(metrics: dict[str, Any], directory: str | None) -> None:
+            stored = (
+                train_checkpoints.upload(directory, fsys, run_path, metrics["epoch"]) if directory else None
+            )
+            self.reports.append({"metrics": metrics, "checkpoint": stored})
+
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                resume_dir = train_checkpoints.download(fsys, resume_path, tmp) if resume_path else None
+                emr_train._warm = emr_train.WarmCall(self.rank, self.world_size, self.device, options, resume_dir,
+                                                     report)  # fmt: skip
+                try:
+                    import_by_path(train_loop)(config)
+                finally:
+                    emr_train._warm = None
+        finally:
+            warm.CallLog.detach()
+        return {"log": lines, "reports": len(self.reports)}
+
+    def reports_since(self, seen: int) -> list[dict[str, Any]]:
+        return self.reports[seen:]
+
+
+class WarmTrainGroup:
+    """The group's coordinator (a detached actor): owns the workers, the lease and the idle timeout."""
+
+    def __init__(self, name: str, scaling: dict[str, Any], idle_timeout_s: float) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        started = time.monotonic()
+        self.name, self.idle_timeout_s = name, float(idle_timeout_s)
+        workers = int(scaling["num_workers"])
+        resources = bundle(scaling)
+        # a placement group made by a detached actor lives as long as that actor: no leak when it is killed
+        self.placement = placement_group(
+            [resources] * workers, strategy=scaling.get("placement_strategy", "PACK")
+        )
+        ready, _ = ray.wait([self.placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise RuntimeError(f"Warm worker group {name}: {workers} x {resources} not placeable in "
+                               f"{PLACEMENT_TIMEOUT_S:.0f}s; the cluster lacks the resources.")  # fmt: skip
+        extra = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+        worker_class = ray.remote(max_restarts=0, concurrency_groups={"control": 1})(TrainWorker)  # type: ignore[call-overload]
+        self.workers = [
+            worker_class.options(
+                num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0), resources=extra or None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
+            ).remote(rank, workers, bool(scaling.get("use_gpu")))
+            for rank in range(workers)
+        ]  # fmt: skip
+        master, port = ray.get(self.workers[0].address.remote())
+        ray.get([worker.join.remote(master, port) for worker in self.workers])
+        self.start_seconds = round(time.monotonic() - started, 2)
+        self.cpus = resources["CPU"] * workers
+        self.gpus = resources.get("GPU", 0.0) * workers
+        self.calls = 0
+        self.lease: str | None = None
+        self.beat = time.monotonic()
+        self.retired = False
+        self.last_used = time.monotonic()
+        self._cond = threading.Condition()
+        threading.Thread(target=self._watch, name="idle-and-lease", daemon=True).start()
+        log.info("Warm worker group %s: %d worker(s) ready in %.1fs", name, workers, self.start_seconds)
+
+    def acquire(self, wait_s: float) -> dict[str, Any] | None:
+        """The lease and the workers, or None if another job still holds the lease after ``wait_s``."""
+        with self._cond:
+            deadline = time.monotonic() + wait_s
+            while self.lease is not None and not self.retired and time.monotonic() < deadline:
+                self._cond.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            if self.retired:
+                raise warm.PoolRetired(f"Warm worker group {self.name} is stopping")
+            if self.lease is not None:
+                return None
+            self.lease, self.beat = uuid.uuid4().hex, time.monotonic()
+            return {"lease": self.lease, "workers": self.workers, "calls": self.calls,
+                    "start_seconds": self.start_seconds, "cpus": self.cpus, "gpus": self.gpus}  # fmt: skip
+
+    def heartbeat(self, lease: str) -> bool:
+        with self._cond:
+            if lease != self.lease:
+                return False
+            self.beat = time.monotonic()
+            return True
+
+    def finish(self, lease: str, ok: bool) -> int:
+        """End the lease; a failed call retires the group. Returns the calls served."""
+        with self._cond:
+            if lease == self.lease:
+                self.lease = None
+                self.calls += 1
+                self.last_used = time.monotonic()
+                if not ok:
+                    self.retired = True
+            self._cond.notify_all()
+            stop = self.retired
+        if stop:
+            threading.Thread(target=self._stop, daemon=True).start()
+        return self.calls
+
+    def release_if_idle(self) -> bool:
+        """Stop and exit if no job holds the lease (another job needs the cluster's CPUs)."""
+        with self._cond:
+            if self.lease is not None or self.retired:
+                return False
+            self.retired = True
+            self._cond.notify_all()
+        threading.Thread(target=self._stop, daemon=True).start()
+        return True
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(5.0, max(self.idle_timeout_s / 4, 0.5)))
+            with self._cond:
+                if self.retired:
+                    return
+                now = time.monotonic()
+                if self.lease is not None and now - self.beat > LEASE_TIMEOUT_S:
+                    reason = f"its job stopped polling {now - self.beat:.0f}s ago"
+                elif self.lease is None and now - self.last_used > self.idle_timeout_s:
+                    reason = f"idle for {self.idle_timeout_s:.0f}s"
+                else:
+                    continue
+                self.retired = True
+                self._cond.notify_all()
+            log.info("Warm worker group %s: %s, stopping", self.name, reason)
+            self._stop()
+            return
+
+    def _stop(self) -> None:
+        import ray
+
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)  # its placement group goes with it
+
+
+_ACTOR: Any = None
+
+
+def actor_class() -> Any:
+    """:class:`WarmTrainGroup` as a Ray actor: threaded, so a waiting ``acquire`` blocks nothing else."""
+    global _ACTOR
+    if _ACTOR is None:
+        import ray
+
+        _ACTOR = ray.remote(  # type: ignore[call-overload]  # concurrency_groups: actors only
+            num_cpus=0,  # its workers hold the CPUs
+            max_restarts=0,
+            max_concurrency=8,
+            concurrency_groups={"control": 1},
+        )(WarmTrainGroup)
+    return _ACTOR
+
+
+def fit_shared(
+    train_loop: str,
+    config: dict[str, Any],
+    scaling: dict[str, Any],
+    options: Any,
+    run_uri: str,
+    *,
+    resume_path: Callable[[], str | None],
+    on_report: Callable[[dict[str, Any]], None],
+    idle_timeout_s: float,
+    job_runtime_env: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Run ``train_loop`` once on the warm group for ``scaling`` (started if there is none), from the
+    checkpoint ``resume_path()`` names; ``on_report`` gets rank 0's reports as they come. Returns the
+    group's figures for the call. Raises :class:`GroupFailed` (group retired) when a worker fails."""
+    import ray
+
+    runtime_env = warm.pool_runtime_env(job_runtime_env)
+    name = group_key(scaling, runtime_env)
+    lease = _lease(name, scaling, idle_timeout_s, runtime_env)
+    group, workers = lease.pop("group"), lease["workers"]
+    began, ok, seen = time.time(), False, 0
+    try:
+        refs = [w.run.remote(train_loop, config, options, run_uri, resume_path()) for w in workers]
+        pending = list(refs)
+        while True:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            try:
+                ray.get(done)
+            except Exception as e:
+                raise GroupFailed(f"Warm worker group {name}: a worker failed: {e}") from e
+            reports = ray.get(workers[0].reports_since.options(concurrency_group="control").remote(seen))
+            seen += len(reports)
+            for report in reports:
+                on_report(report)
+            if not pending:
+                break
+            group.heartbeat.options(concurrency_group="control").remote(lease["lease"])
+        outs = ray.get(refs)
+        ok = True
+    finally:
+        calls = ray.get(group.finish.options(concurrency_group="control").remote(lease["lease"], ok))
+    return {
+        "name": name, "calls": calls, "reused": lease["calls"] > 0, "start_seconds": lease["start_seconds"],
+        "cpus": lease["cpus"], "gpus": lease["gpus"], "call_started_at": began, "call_ended_at": time.time(),
+        "log": outs[0]["log"],
+    }  # fmt: skip
+
+
+def _lease(
+    name: str, scaling: dict[str, Any], idle_timeout_s: float, runtime_env: dict[str, Any]
+) -> dict[str, Any]:
+    """The group's lease, waiting while another job holds it; a fresh group if this one is stopping."""
+    import ray
+
+    waited = 0.0
+    while True:
+        if not warm.exists(name, NAMESPACE):  # a new group needs its workers' CPUs: idle pools give way
+            warm.release_idle(bundle(scaling)["CPU"] * int(scaling["num_workers"]), keep=name)
+        group = (
+            actor_class()
+            .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, runtime_env=runtime_env)
+            .remote(name, scaling, idle_timeout_s)
+        )  # fmt: skip
+        try:
+            lease = ray.get(group.acquire.remote(10.0))
+        except ray.exceptions.RayTaskError as e:
+            if not isinstance(e.cause, warm.PoolRetired):
+                raise
+            warm.wait_gone(name, NAMESPACE)
+            continue
+        except ray.exceptions.RayActorError:
+            warm.wait_gone(name, NAMESPACE)
+            continue
+        if lease is not None:
+            return lease | {"group": group}
+        waited += 10.0
+        log.info("Warm worker group %s is busy with another training; waited %.0fs", name, waited)
+
+
+def groups() -> list[str]:
+    """The names of the live warm worker groups."""
+    return warm.pools(NAMESPACE)

@@ -1,0 +1,100 @@
+"""The training job's warm path: fit on a warm worker group, with ``TorchTrainer``'s ``fit()`` shape.
+
+:class:`WarmTrainer` stands where ``jobs.train.build_trainer``'s ``TorchTrainer`` stands: its
+``fit()`` runs the loop on the shared group for the job's scaling (:mod:`emr_ray.jobs.train_group`)
+and returns what ``fit_and_log`` reads from a Ray Train result (metrics, the latest and best
+checkpoints). What Ray Train does around a fit, it does here: each epoch's report is printed and
+logged to MLflow as it arrives, the checkpoints are kept by the spec's score, and a failed group is
+replaced by a fresh one that resumes from the latest checkpoint, up to ``max_failures`` times.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from emr_ray import storage
+from emr_ray.jobs import _usage, shards, train_group
+from emr_ray.jobs import train_mlflow as tracking
+from emr_ray.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
+from emr_ray.spec import TrainJobSpec
+
+log = logging.getLogger("emr_ray.jobs.train")
+
+
+@dataclass
+class WarmFitResult:
+    """The parts of Ray Train's ``Result`` the job reads."""
+
+    metrics: dict[str, Any]
+    checkpoint: StoredCheckpoint | None
+    best_checkpoints: list[tuple[StoredCheckpoint, dict[str, Any]]]
+    group: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+
+    def get_best_checkpoint(self, metric: str, mode: str) -> StoredCheckpoint | None:
+        """The best kept checkpoint (ranked by the spec's score, which is what the job asks for)."""
+        return self.best_checkpoints[0][0] if self.best_checkpoints else None
+
+
+class WarmTrainer:
+    """``fit()`` on the warm worker group for ``spec.scaling``."""
+
+    def __init__(self, spec: TrainJobSpec, plan: dict[str, Any], options: storage.StorageOptions,
+                 mlflow_run_id: str, job_runtime_env: dict[str, Any]) -> None:  # fmt: skip
+        self.spec, self.plan, self.options = spec, plan, options
+        self.mlflow_run_id, self.job_runtime_env = mlflow_run_id, job_runtime_env
+        self.run_uri = storage.join(spec.storage_path, spec.run_name)
+        fsys, run_path = storage.resolve(self.run_uri, options)
+        self.store = CheckpointStore(fsys, run_path, spec.checkpoint)
+        self.last: dict[str, Any] = {}
+
+    def fit(self) -> WarmFitResult:
+        spec = self.spec
+        failures = 0
+        while True:
+            try:
+                group = train_group.fit_shared(
+                    spec.train_loop, {**spec.config, shards.PLAN_KEY: self.plan}, spec.scaling.to_dict(),
+                    self.options, self.run_uri,
+                    resume_path=self._resume_path, on_report=self._on_report,
+                    idle_timeout_s=spec.worker_group_idle_timeout_s, job_runtime_env=self.job_runtime_env,
+                )  # fmt: skip
+                break
+            except train_group.GroupFailed as e:
+                failures += 1
+                if spec.failure.max_failures != -1 and failures > spec.failure.max_failures:
+                    raise
+                log.warning("%s; restarting from the latest checkpoint in a fresh group (failure %d of %s)",
+                            e, failures, spec.failure.max_failures)  # fmt: skip
+        for line in group.pop("log"):  # the loop's own log lines, in this job's log
+            print(line, flush=True)
+        _usage.borrow("actor", "SharedTrainWorkers", {"CPU": group["cpus"], "GPU": group["gpus"]},
+                      group["call_started_at"], group["call_ended_at"])  # fmt: skip
+        log.info("Warm worker group %s: call %d (%s)", group["name"], group["calls"],
+                 "warm" if group["reused"] else f"started in {group['start_seconds']:.1f}s")  # fmt: skip
+        kept = self.store.retain()
+        latest = self.store.latest()
+        return WarmFitResult(
+            metrics=self.last or (latest[1] if latest else {}),
+            checkpoint=latest[0] if latest else None,
+            best_checkpoints=kept,
+            group={k: group[k] for k in ("name", "calls", "reused", "start_seconds")},
+        )
+
+    def _resume_path(self) -> str | None:
+        latest = self.store.latest()
+        if latest:
+            log.info(
+                "Resuming from the checkpoint of epoch %d (%s)", int(latest[1]["epoch"]) + 1, latest[0].path
+            )
+        return latest[0].path if latest else None
+
+    def _on_report(self, report: dict[str, Any]) -> None:
+        self.last = dict(report["metrics"])
+        tracking.log_epoch(
+            self.spec.mlflow.tracking_uri, self.mlflow_run_id, self.spec.epochs, report["metrics"]
+        )
+        if report.get("checkpoint"):
+            self.store.retain()

@@ -1,0 +1,147 @@
+"""What the warm pools have in common (cluster side): a warm Spark session (:mod:`.spark_session`)
+and a warm training worker group (:mod:`.train_group`) are detached Ray actors that outlive a job.
+
+- *Named by their configuration*: :func:`pool_key` hashes everything that shapes the pool, including
+  the job's runtime_env less what is one job's alone (:func:`pool_runtime_env`): jobs with the same
+  configuration share a pool, any difference gets another one.
+- *Give way*: a job that needs CPUs the idle pools hold releases them first (:func:`release_idle`,
+  over every kind of pool; each pool's ``release_if_idle`` refuses while a call runs).
+- *Speak through the job*: a detached actor's own output reaches no job's log, so a call collects
+  its log lines (:class:`CallLog`) and the job prints them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from emr_ray.reuse import FORCE_ENV
+from emr_ray.secrets import SECRET_REF_ENV
+
+log = logging.getLogger("emr_ray.jobs.warm")
+
+#: the Ray namespace of each kind of warm pool, with the prefix of its actors' names
+POOLS: dict[str, str] = {"emr_ray_spark_sessions": "spark-", "emr_ray_train_groups": "train-"}
+#: the environment variables a job's runtime_env has that are this job's alone (secret reference,
+#: forced recompute): not part of a pool's configuration, never given to a pool
+PER_JOB_ENV = frozenset({SECRET_REF_ENV, FORCE_ENV})
+
+
+class PoolRetired(RuntimeError):
+    """The pool was stopping when the call arrived (idle timeout, released, failed): use a fresh one."""
+
+
+def pool_runtime_env(job_runtime_env: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's runtime_env without what is this job's alone (its secret reference, its flags)."""
+    env = {k: v for k, v in dict(job_runtime_env).items() if k not in ("config", "_ray_commit")}
+    env_vars = {k: v for k, v in dict(env.get("env_vars") or {}).items() if k not in PER_JOB_ENV}
+    if env_vars:
+        env["env_vars"] = env_vars
+    else:
+        env.pop("env_vars", None)
+    return env
+
+
+def pool_key(prefix: str, payload: Mapping[str, Any]) -> str:
+    """A pool's name: equal configuration (and Python), equal name; any difference, another."""
+    text = json.dumps({**payload, "python": sys.version}, sort_keys=True, default=str)
+    return prefix + hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def exists(name: str, namespace: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def wait_gone(name: str, namespace: str, timeout: float = 30.0) -> None:
+    """Wait until a stopping pool's name is free, so the next call starts a fresh one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and exists(name, namespace):
+        time.sleep(0.5)
+
+
+def pools(namespace: str) -> list[str]:
+    """The names of the live pools of one kind."""
+    import ray
+
+    prefix = POOLS[namespace]
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a.get("namespace") == namespace and str(a.get("name", "")).startswith(prefix)
+    )
+
+
+def release_idle(cpus_needed: float, *, keep: str | None = None) -> list[str]:
+    """Release idle warm pools (of any kind) until ``cpus_needed`` CPUs are free on the cluster, or
+    none is left to release. Returns the names released. ``keep``: a pool not to release (the
+    caller's own)."""
+    import ray
+
+    released: list[str] = []
+    if ray.available_resources().get("CPU", 0.0) >= cpus_needed:
+        return released
+    for namespace in POOLS:
+        for name in pools(namespace):
+            if name == keep:
+                continue
+            try:
+                handle = ray.get_actor(name, namespace=namespace)
+                if ray.get(handle.release_if_idle.options(concurrency_group="control").remote(), timeout=30):
+                    released.append(name)
+            except Exception as e:  # gone meanwhile, or busy and slow: not ours to force
+                log.info("Warm pool %s not released: %s", name, e)
+                continue
+            wait_gone(name, namespace)
+            if ray.available_resources().get("CPU", 0.0) >= cpus_needed:
+                break
+        else:
+            continue
+        break
+    if released:
+        log.info("Released %d idle warm pool(s) to free %.1f CPU(s): %s", len(released), cpus_needed,
+                 ", ".join(released))  # fmt: skip
+    return released
+
+
+class CallLog(logging.Handler):
+    """The log lines of a pool's running call (its ``emr_ray`` and ``include`` loggers), handed back to
+    the job, which prints them: a detached actor's own output reaches no job's log."""
+
+    LOGGERS = ("emr_ray", "include")
+    FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # as the job runtime's own lines
+    _current: CallLog | None = None
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter(self.FORMAT))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    @classmethod
+    def attach(cls) -> list[str]:
+        handler = cls._current = cls()
+        for name in cls.LOGGERS:
+            logger = logging.getLogger(name)
+            logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+            logger.addHandler(handler)
+        return handler.lines
+
+    @classmethod
+    def detach(cls) -> None:
+        for name in cls.LOGGERS:
+            if cls._current is not None:
+                logging.getLogger(name).removeHandler(cls._current)
+        cls._current = None

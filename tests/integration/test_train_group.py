@@ -1,0 +1,117 @@
+"""A warm training worker group (``TorchTrainOperator(worker_group="shared")``) on the real local Ray
+cluster, MLflow store and COS stand-in: it trains the same model as Ray Train's own worker group,
+serves the next training warm, keeps checkpoints as Ray Train does, and gives way to jobs that need
+its CPUs. Its faults (a killed worker, a killed job) are in ``test_train_resume``, run for both groups.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from emr_ray import storage
+from emr_ray.hooks.ray import RayHook
+from tests.integration.test_ray_jobs import FakeTaskInstance
+from tests.integration.test_train_resume import epochs_logged, make_operator
+from tests.integration.test_train_resume import staged as staged  # the fixture
+
+pytestmark = pytest.mark.integration
+
+
+def live_groups(hook: RayHook) -> list[str]:
+    """Names of the live warm worker groups (their coordinators), from the cluster's state API."""
+    params = {"filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE", "detail": "true"}
+    response = hook._request("GET", "/api/v0/actors", params=params)
+    assert response is not None
+    actors = response.json()["data"]["result"]["result"]
+    return sorted(a["name"] for a in actors if a.get("class_name") == "WarmTrainGroup")
+
+
+def checkpoint_epochs(path: str, options: storage.StorageOptions | None = None) -> list[int]:
+    import json
+
+    from pyarrow import fs as pafs
+
+    fsys, root = storage.resolve(path, options)
+    epochs = []
+    for info in fsys.get_file_info(pafs.FileSelector(root)):
+        if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_"):
+            with fsys.open_input_stream(f"{info.path}/metrics.json") as f:
+                epochs.append(int(json.loads(f.read().decode())["epoch"]))
+    return sorted(epochs)
+
+
+def test_a_warm_group_trains_the_same_model_as_ray_train_and_serves_the_next_training_warm(
+    ray_conn,
+    mlflow_conn,
+    cos_server,
+    cos_conn,
+    staged,
+    tmp_path,
+):
+    config = {"epochs": 3}
+    run_id = f"manual__{uuid.uuid4().hex[:8]}"
+    by_ray_train = make_operator(staged, tmp_path, config, num_to_keep=1).execute(
+        {"ti": FakeTaskInstance("train_job", run_id=run_id)}
+    )
+    first = make_operator(staged, tmp_path, config, num_to_keep=1, worker_group="shared").execute(
+        {"ti": FakeTaskInstance("train_shared", run_id=run_id)}
+    )
+    # the same loop, shards, seed and process group: the same model, epoch for epoch
+    for key in ("train_loss", "test_loss", "test_accuracy"):
+        assert first["final_metrics"][key] == pytest.approx(by_ray_train["final_metrics"][key], rel=1e-4), key
+    assert first["epochs_completed"] == 3 and first["final_metrics"]["start_epoch"] == 0
+    assert epochs_logged(mlflow_conn.tracking_uri, first["mlflow_run_id"]) == [0, 1, 2]
+    assert first["best_metrics"]["epoch"] == min(range(3), key=lambda e: checkpoint_loss(first, e))
+    group = first["worker_group"]
+    assert group["name"] in live_groups(RayHook(ray_conn))
+
+    # the next training (another task, its checkpoints in COS) runs warm in the same group
+    second_op = make_operator(staged, tmp_path, config, num_to_keep=1, worker_group="shared")
+    from devstack.constants import BUCKET
+
+    second_op.storage_path = f"cos://{BUCKET}/ckpt-{uuid.uuid4().hex[:8]}"
+    second = second_op.execute({"ti": FakeTaskInstance("train_shared_cos", run_id=run_id)})
+    assert second["worker_group"]["name"] == group["name"] and second["worker_group"]["reused"]
+    assert second["final_metrics"]["test_loss"] == pytest.approx(
+        first["final_metrics"]["test_loss"], rel=1e-4
+    )
+    # num_to_keep=1: the best checkpoint and the latest stay, the others are deleted
+    options = cos_options(cos_server)
+    kept = checkpoint_epochs(second["checkpoint_uri"].rsplit("/", 1)[0], options)
+    assert set(kept) == {second["best_metrics"]["epoch"], 2}
+    fsys, path = storage.resolve(second["checkpoint_uri"], options)
+    with fsys.open_input_stream(f"{path}/state.pt") as f:
+        assert len(f.read()) > 1000  # the weights, uploaded whole with the call's COS keys
+
+
+def checkpoint_loss(result: dict, epoch: int) -> float:
+    import mlflow
+
+    history = mlflow.MlflowClient(tracking_uri=result["tracking_uri"]).get_metric_history(
+        result["mlflow_run_id"], "test_loss"
+    )
+    return next(m.value for m in history if m.step == epoch)
+
+
+def cos_options(cos_server) -> storage.StorageOptions:
+    from devstack.constants import REGION, SECRET_ID, SECRET_KEY
+
+    return storage.StorageOptions(endpoint_override=cos_server.endpoint, scheme="http", region=REGION,
+                                  access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
+
+
+def test_an_idle_group_gives_way_to_a_job_that_needs_its_cpus(ray_conn, mlflow_conn, staged, tmp_path):
+    """Ray Train's own worker group (``worker_group="job"``, 2 workers) needs CPUs an idle warm group
+    holds on this small cluster: the job releases the group instead of waiting for its idle timeout."""
+    run_id = f"manual__{uuid.uuid4().hex[:8]}"
+    warm = make_operator(staged, tmp_path, {"epochs": 1}, worker_group="shared").execute(
+        {"ti": FakeTaskInstance("train_shared", run_id=run_id)}
+    )
+    assert warm["worker_group"]["name"] in live_groups(RayHook(ray_conn))
+    cold = make_operator(staged, tmp_path, {"epochs": 1}).execute(
+        {"ti": FakeTaskInstance("train_job", run_id=run_id)}
+    )
+    assert cold["epochs_completed"] == 1
+    assert warm["worker_group"]["name"] not in live_groups(RayHook(ray_conn))
