@@ -1,8 +1,10 @@
 """TorchTrainOperator resumes instead of restarting, on the real local Ray cluster and MLflow store.
 
 Two interruptions: the Airflow side is killed mid-training and the task is retried (the job of try
-1 is stopped, try 2 resumes from the latest checkpoint into the same MLflow run), and a Ray Train
-worker process dies (Ray Train restarts the worker group from the checkpoint, FailureConfig).
+1 is stopped, try 2 resumes from the latest checkpoint into the same MLflow run), and a worker
+process dies (the worker group restarts from the checkpoint, FailureConfig). Both run with Ray
+Train's worker group (``worker_group="job"``) and with a warm one (``"shared"``: the stopped job's
+lease lapses and its group is retired; a killed worker retires its group and a fresh one resumes).
 Both runs must end with exactly the configured number of epochs. The Airflow task context is the
 small stand-in from ``test_ray_jobs``; Ray, Ray Train and MLflow are real.
 """
@@ -91,19 +93,26 @@ def epochs_logged(tracking_uri: str, run_id: str) -> list[int]:
     return sorted({m.step for m in history})
 
 
-def train_worker_pids(hook: RayHook) -> list[int]:
-    """PIDs of this session's cluster's live Ray Train workers (its state API; never another cluster's)."""
+#: the worker actors' class for each worker_group
+WORKER_CLASS = {"job": "RayTrainWorker", "shared": "TrainWorker"}
+
+
+def train_worker_pids(hook: RayHook, class_name: str = "RayTrainWorker") -> list[int]:
+    """PIDs of this session's cluster's live training workers (its state API; never another cluster's)."""
     params = {"filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE", "detail": "true"}
     response = hook._request("GET", "/api/v0/actors", params=params)
     assert response is not None
     actors = response.json()["data"]["result"]["result"]
-    return sorted(a["pid"] for a in actors if a.get("class_name") == "RayTrainWorker" and a.get("pid"))
+    return sorted(a["pid"] for a in actors if a.get("class_name") == class_name and a.get("pid"))
 
 
-def test_airflow_retry_resumes_from_the_latest_checkpoint(ray_conn, mlflow_conn, staged, tmp_path):
+@pytest.mark.parametrize("worker_group", ["job", "shared"])
+def test_airflow_retry_resumes_from_the_latest_checkpoint(
+    ray_conn, mlflow_conn, staged, tmp_path, worker_group
+):
     hook = RayHook(ray_conn)
     first = FakeTaskInstance("train", try_number=1)
-    op = make_operator(staged, tmp_path)
+    op = make_operator(staged, tmp_path, worker_group=worker_group)
     identity = TaskIdentity.from_context({"ti": first})
     op._submission_id = op._reattach_or_submit(identity, op.job_payload({"ds": "2026-11-05"}, identity), {})
     wait_for_reported_epoch(
@@ -113,17 +122,24 @@ def test_airflow_retry_resumes_from_the_latest_checkpoint(ray_conn, mlflow_conn,
     assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
 
     retry = FakeTaskInstance("train", try_number=2, run_id=first.run_id)
-    result = make_operator(staged, tmp_path).execute({"ti": retry, "ds": "2026-11-05"})
+    result = make_operator(staged, tmp_path, worker_group=worker_group).execute(
+        {"ti": retry, "ds": "2026-11-05"}
+    )
     assert result["epochs_completed"] == EPOCHS
     assert result["final_metrics"]["start_epoch"] > 0, "the retry trained from scratch instead of resuming"
     assert epochs_logged(mlflow_conn.tracking_uri, result["mlflow_run_id"]) == list(range(EPOCHS))
     third = FakeTaskInstance("train", 3, first.run_id)
-    again = make_operator(staged, tmp_path).execute({"ti": third, "ds": "2026-11-05"})
+    again = make_operator(staged, tmp_path, worker_group=worker_group).execute(
+        {"ti": third, "ds": "2026-11-05"}
+    )
     assert again == result  # reattached to try 2's finished job: nothing trained again
     assert hook.get_job(TaskIdentity.from_context({"ti": third}).submission_id()) is None
 
 
-def test_a_killed_worker_is_restarted_from_its_checkpoint(ray_conn, mlflow_conn, staged, tmp_path):
+@pytest.mark.parametrize("worker_group", ["job", "shared"])
+def test_a_killed_worker_is_restarted_from_its_checkpoint(
+    ray_conn, mlflow_conn, staged, tmp_path, worker_group
+):
     import threading
 
     ti = FakeTaskInstance("train")
@@ -131,12 +147,14 @@ def test_a_killed_worker_is_restarted_from_its_checkpoint(ray_conn, mlflow_conn,
     run_dir = Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name
     outcome: dict = {}
     worker = threading.Thread(
-        target=lambda: outcome.update(make_operator(staged, tmp_path, max_failures=2).execute({"ti": ti}))
+        target=lambda: outcome.update(
+            make_operator(staged, tmp_path, max_failures=2, worker_group=worker_group).execute({"ti": ti})
+        )
     )
     worker.start()
     wait_for_reported_epoch(run_dir, mlflow_conn.tracking_uri)
-    pids = train_worker_pids(RayHook(ray_conn))
-    assert pids, "no Ray Train worker process found"
+    pids = train_worker_pids(RayHook(ray_conn), WORKER_CLASS[worker_group])
+    assert pids, "no training worker process found"
     os.kill(pids[0], signal.SIGKILL)
     worker.join(timeout=600)
     assert outcome["epochs_completed"] == EPOCHS
