@@ -31,14 +31,17 @@ that size, when this run measured it), and cluster utilisation: CPU-seconds rese
 (their ``usage``) over the cluster's CPUs x the backfill's wall, how many Ray jobs ran at once, and how
 much of the wall no Ray job ran at all (Airflow between tasks).
 
-**Contenders.** ``--contenders job,shared`` runs everything above once per value of the DAG's
-``spark_session`` Param (``--conf``), side by side on the same stack: ``job`` (each preprocessing job
-starts and stops Spark on Ray, the path before issue 17) against ``shared`` (a warm session that
-outlives the job, :mod:`emr_ray.jobs.spark_session`). Each contender gets a warm-up run, then the
-sizes alternate between them so the machine's load falls on both alike; the table at the end puts
-whole runs, each task's fixed part and the backfills side by side with their ratios. The head has 3
-CPUs by default: a warm session's executor (1) and the 2 training workers fit at once (on 2 CPUs
-every training job releases the idle session, and ``shared`` costs what ``job`` does).
+**Contenders.** ``--contenders job,shared,warm`` runs everything above once per contender, each a
+setting of the DAG's ``spark_session`` and ``worker_group`` Params (``--conf``, :data:`CONTENDERS`),
+side by side on the same stack: ``job`` (each preprocessing job starts and stops Spark on Ray, each
+training job has Ray Train start a worker group: the path before issue 17), ``shared`` (a warm Spark
+session that outlives the job, :mod:`emr_ray.jobs.spark_session`; Ray Train's group per training)
+and ``warm`` (both warm: the Spark session and a training worker group that outlives the job,
+:mod:`emr_ray.jobs.train_group`). Each contender gets a warm-up run, then the sizes alternate between
+them so the machine's load falls on all alike; the table at the end puts whole runs, each task's
+fixed part and the backfills side by side with their ratios. The head has 3 CPUs by default: a warm
+session's executor (1) and the 2 training workers fit at once (on 2 CPUs each warm pool releases the
+other for every task, and the warm paths cost about what ``job`` does).
 
 Run inside the loopback-only namespace, in pieces if need be::
 
@@ -71,6 +74,12 @@ TRAIN_PHASES = ("startup", "check_inputs", "ray_connect", "plan", "mlflow_start"
                 "epochs", "log")  # fmt: skip
 FIRST_SIZE_DATE = dt.date(2026, 9, 1)  # one date per size; the backfill's dates follow them
 WARMUP_DATE, WARMUP_ROWS = "2026-08-31", 2000
+#: each contender's run conf: the DAG's Params that choose the cold or the warm path of each Ray task
+CONTENDERS = {
+    "job": {"spark_session": "job", "worker_group": "job"},
+    "shared": {"spark_session": "shared", "worker_group": "job"},
+    "warm": {"spark_session": "shared", "worker_group": "shared"},
+}
 
 
 # -- report maths (pure) ----------------------------------------------------------------------------
@@ -400,9 +409,7 @@ def comparison(per_contender: dict[str, dict[str, Any]]) -> str:
         util = [per_contender[c]["backfill"]["utilisation"] for c in names]
         rows.append(["backfill: cluster utilisation", *[f"{u:.0%}" for u in util], *["-" for _ in util[1:]]])
     headers = ["figure", *[f"{c} s" for c in names], *[f"{base} / {c}" for c in names[1:]]]
-    return "\n".join(
-        ["", f"contenders side by side (spark_session={' vs '.join(names)}):", "", table(headers, rows)]
-    )
+    return "\n".join(["", f"contenders side by side ({' vs '.join(names)}):", "", table(headers, rows)])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -418,12 +425,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backfill-rows", type=int, default=200_000)
     parser.add_argument("--cpus", type=int, default=3, help="CPUs of the local Ray head (3: a warm Spark "
                         "session's executor and the 2 training workers fit at once)")  # fmt: skip
-    parser.add_argument("--contenders", default="job,shared", help="the DAG's spark_session values to run side "
-                        "by side, the first is the baseline")  # fmt: skip
+    parser.add_argument("--contenders", default="job,shared,warm", help="contenders to run side by side, "
+                        f"the first is the baseline: {', '.join(CONTENDERS)}")  # fmt: skip
     parser.add_argument("--no-warmup", action="store_true", help="skip the 2,000-row warm-up runs")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = sorted(set(contenders) - set(CONTENDERS))
+    if unknown:
+        parser.error(f"--contenders {','.join(unknown)}: use some of {', '.join(CONTENDERS)}")
 
     from devstack.stack import LocalStack
     from include.data import synthetic
@@ -444,14 +454,14 @@ def main(argv: list[str] | None = None) -> None:
             for i, contender in enumerate(contenders):
                 warm = (dt.date.fromisoformat(WARMUP_DATE) - dt.timedelta(days=i)).isoformat()
                 synthetic.write_partitions(stack.raw_uri, warm, 1, WARMUP_ROWS, options)
-                per[contender]["warmup_s"] = round(dags_test(stack, warm, {"spark_session": contender})[0], 1)
+                per[contender]["warmup_s"] = round(dags_test(stack, warm, CONTENDERS[contender])[0], 1)
                 print(f"{contender}: warm-up run {per[contender]['warmup_s']} s", flush=True)
         for rows in sizes:  # contenders alternate, so the machine's load falls on both alike
             for contender in contenders:
                 date = day.isoformat()
                 day += dt.timedelta(days=1)
                 synthetic.write_partitions(stack.raw_uri, date, 1, rows, options)
-                measured = measure_size(stack, rows, date, {"spark_session": contender})
+                measured = measure_size(stack, rows, date, CONTENDERS[contender])
                 per[contender]["sizes"].append(measured)
                 print(f"{contender}, {rows:,} rows: dags test {measured['dags_test_s']} s", flush=True)
         for contender in contenders:
@@ -468,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
                                            options)  # fmt: skip
                 try:
                     per[contender]["backfill"] = backfill(stack, args.backfill_days, args.backfill_rows, first,
-                                                          {"spark_session": contender})  # fmt: skip
+                                                          CONTENDERS[contender])  # fmt: skip
                     print(f"{contender}: backfill {per[contender]['backfill']['wall_s']} s", flush=True)
                 except Exception as e:  # the per-size figures above are still written
                     per[contender]["backfill_error"] = f"{type(e).__name__}: {e}"
@@ -479,7 +489,11 @@ def main(argv: list[str] | None = None) -> None:
     result["total_s"] = round(time.monotonic() - started, 1)
     text = []
     for contender in contenders:
-        text += [f"## spark_session={contender}", report(per[contender] | {"machine": result["machine"]}), ""]
+        text += [
+            f"## {contender}: {json.dumps(CONTENDERS[contender])}",
+            report(per[contender] | {"machine": result["machine"]}),
+            "",
+        ]
     text.append(comparison(per))
     result["table"] = "\n".join(text)
     name = (
