@@ -108,7 +108,7 @@ def split_task(
     for name in order:
         if name in phases or name not in ("spark_start", "spark_session", "spark_stop"):
             parts[name] = phases.pop(name, 0.0)  # a job's own session or a shared one: only its phases
-    parts["job_other"] = usage["wall_seconds"] - sum(parts[n] for n in order) - sum(phases.values())
+    parts["job_other"] = usage["wall_seconds"] - sum(parts.get(n, 0.0) for n in order) - sum(phases.values())
     parts.update(phases)  # any phase the job added since
     parts["job_exit"] = job["ended"] - usage["ended_at"]
     parts["airflow_finish"] = ti["end"] - job["ended"]
