@@ -109,21 +109,25 @@ def test_a_job_without_ray_reports_its_wall_time_and_holds_nothing(ray_conn):
     assert usage["missing"] == [] and usage["wall_seconds"] > 0
 
 
-def test_the_training_operator_logs_the_usage_on_its_mlflow_run(mlflow_conn):
+def test_the_training_job_logs_its_usage_on_the_mlflow_run_it_trained(mlflow_conn):
+    """The training job itself records its usage on its MLflow run once the result is complete (the
+    Airflow side needs no MLflow client for it); a reused run keeps the figures of its own job."""
     import mlflow
 
-    from emr_ray.operators.torch import TorchTrainOperator
+    from emr_ray.jobs.train_mlflow import log_usage
+    from emr_ray.spec import MLflowSection, TrainJobSpec
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_conn.tracking_uri)
     experiment = client.create_experiment(f"usage-{uuid.uuid4().hex[:8]}")
     trained, reused = (client.create_run(experiment).info.run_id for _ in range(2))
     usage = {"wall_seconds": 50.0, "cpu_seconds_reserved": 80.5, "gpu_seconds_reserved": 0.0,
              "memory": {"driver_peak_rss_mb": 400.0}, "phases": {"fit": 30.0, "log": 4.0}}  # fmt: skip
-    op = TorchTrainOperator(task_id="train", train_loop="include.models.tabular:train_loop",
-                            datasets={}, storage_path="file:///tmp")  # fmt: skip
+    spec = TrainJobSpec(train_loop="include.models.tabular:train_loop", datasets={"train": "file:///d/dt=2026-01-01"},
+                        run_name="r", storage_path="file:///tmp",
+                        mlflow=MLflowSection(mlflow_conn.tracking_uri, "usage"))  # fmt: skip
 
-    op.report_usage({"mlflow_run_id": trained, "usage": usage})
-    op.report_usage({"mlflow_run_id": reused, "usage": usage, "reused": True})
+    log_usage(spec, {"mlflow_run_id": trained, "usage": usage})
+    log_usage(spec, {"mlflow_run_id": reused, "usage": usage, "reused": True})
 
     metrics = client.get_run(trained).data.metrics
     assert metrics["usage.cpu_seconds_reserved"] == 80.5 and metrics["usage.phase.fit_seconds"] == 30.0

@@ -72,4 +72,4 @@ def _spread(count: int) -> list[str]:
 
 
 if __name__ == "__main__":
-    main(run)
+    main(run, fast_exit=True)

@@ -338,4 +338,4 @@ def _raise_if(problems: list[str], uri: str) -> None:
 
 
 if __name__ == "__main__":
-    main(run, spec_type=SparkJobSpec)
+    main(run, spec_type=SparkJobSpec, fast_exit=True)

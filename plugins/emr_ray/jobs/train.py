@@ -318,4 +318,4 @@ def _input_example(entry: dict[str, Any], config: dict[str, Any], options: stora
 
 
 if __name__ == "__main__":
-    main(run, spec_type=TrainJobSpec)
+    main(run, spec_type=TrainJobSpec, after=tracking.log_usage, fast_exit=True)

@@ -146,10 +146,14 @@ class WarmTrainGroup:
         self.placement = placement_group(
             [resources] * workers, strategy=scaling.get("placement_strategy", "PACK")
         )
-        ready, _ = ray.wait([self.placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise RuntimeError(f"Warm worker group {name}: {workers} x {resources} not placeable in "
-                               f"{PLACEMENT_TIMEOUT_S:.0f}s; the cluster lacks the resources.")  # fmt: skip
+        ready_ref, deadline = self.placement.ready(), time.monotonic() + PLACEMENT_TIMEOUT_S
+        while not ray.wait([ready_ref], timeout=2.0)[0]:
+            if time.monotonic() > deadline:
+                ray.util.remove_placement_group(self.placement)
+                raise RuntimeError(f"Warm worker group {name}: {workers} x {resources} not placeable in "
+                                   f"{PLACEMENT_TIMEOUT_S:.0f}s; the cluster lacks the resources.")  # fmt: skip
+            # a pool that was busy when this group was asked for may be idle now: it gives way
+            warm.release_idle(resources["CPU"] * workers, keep=name)
         extra = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
         worker_class = ray.remote(max_restarts=0, concurrency_groups={"control": 1})(TrainWorker)  # type: ignore[call-overload]
         self.workers = [
@@ -319,7 +323,7 @@ def _lease(
     """The group's lease, waiting while another job holds it; a fresh group if this one is stopping."""
     import ray
 
-    waited = 0.0
+    waited, gone = 0.0, 0
     while True:
         if not warm.exists(name, NAMESPACE):  # a new group needs its workers' CPUs: idle pools give way
             warm.release_idle(bundle(scaling)["CPU"] * int(scaling["num_workers"]), keep=name)
@@ -336,6 +340,9 @@ def _lease(
             warm.wait_gone(name, NAMESPACE)
             continue
         except ray.exceptions.RayActorError:
+            gone += 1  # died meanwhile (released, killed), or could not start (then say why)
+            if gone > 2:
+                raise
             warm.wait_gone(name, NAMESPACE)
             continue
         if lease is not None:

@@ -84,14 +84,37 @@ def _start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
         experiment_id = mlflow_client.create_experiment(
             settings.experiment_name, artifact_location=settings.artifact_location
         )
+    from mlflow.entities import Param
+
     tags = {**settings.tags, "emr_ray.run_name": spec.run_name}
     run = mlflow_client.create_run(experiment_id, run_name=spec.run_name, tags=tags)
     params = {k: v for k, v in spec.config.items() if not isinstance(v, (list, dict))}
     params |= {f"scaling.{k}": v for k, v in spec.scaling.to_dict().items()}
     params |= {f"data.{k}": v for k, v in spec.datasets.items()}
-    for key, value in params.items():
-        mlflow_client.log_param(run.info.run_id, key, str(value)[:6000])
+    # one request (MLflow takes up to 100 params per batch)
+    batch = [Param(key, str(value)[:6000]) for key, value in params.items()]
+    for start in range(0, len(batch), 100):
+        mlflow_client.log_batch(run.info.run_id, params=batch[start : start + 100])
     return run.info.run_id
+
+
+def log_usage(spec: TrainJobSpec, result: dict[str, Any]) -> None:
+    """Log what the job used as ``usage.*`` metrics on the MLflow run it trained (not on a reused run:
+    that run has the figures of the job that trained it). From the job, whose MLflow client is up:
+    the Airflow side then needs no MLflow import for it."""
+    import mlflow
+
+    from emr_ray.jobs._usage import mlflow_metrics
+
+    run_id, usage = result.get("mlflow_run_id"), result.get("usage")
+    metrics = mlflow_metrics(usage) if isinstance(usage, dict) else {}
+    if not run_id or not metrics or result.get("reused"):
+        return
+    stamp = int(time.time() * 1000)
+    client(spec).log_batch(
+        run_id,
+        metrics=[mlflow.entities.Metric(key, value, stamp, 0) for key, value in sorted(metrics.items())],
+    )
 
 
 def epoch_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):

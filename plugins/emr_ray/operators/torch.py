@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from emr_ray.identity import TaskIdentity
@@ -181,28 +180,6 @@ class TorchTrainOperator(MLflowJobOperator):
                 comparison["challenger"],
             )
         return result
-
-    def report_usage(self, result: Mapping[str, Any]) -> None:
-        """Log the job's usage, and log it as ``usage.*`` metrics on the MLflow run it trained (not on a
-        reused run: that run already has the figures of the job that trained it). Never fails the task."""
-        super().report_usage(result)
-        from emr_ray.jobs._usage import mlflow_metrics
-
-        run_id, usage = result.get("mlflow_run_id"), result.get("usage")
-        metrics = mlflow_metrics(usage) if isinstance(usage, Mapping) else {}
-        if not run_id or not metrics or result.get("reused"):
-            return
-        try:
-            from mlflow.entities import Metric
-
-            stamp = int(time.time() * 1000)
-            with self.mlflow_hook.credentials():
-                self.mlflow_hook.client.log_batch(
-                    run_id, metrics=[Metric(key, value, stamp, 0) for key, value in sorted(metrics.items())]
-                )
-        except Exception as e:
-            self.log.warning("Could not log the job's usage to MLflow run %s (%s: %s); the XCom has it",
-                             run_id, type(e).__name__, e)  # fmt: skip
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the pinned generation outputs in, the MLflow run's model out (never raises)."""
