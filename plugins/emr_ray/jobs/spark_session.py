@@ -8,14 +8,17 @@ commit in it (:func:`emr_ray.jobs.spark.preprocess_partition`, the same code as 
 
 **Lifecycle.**
 
-- *One per configuration.* The actor's name is a hash of everything that shapes the session (Spark
+- *Per configuration.* The actor's name is a hash of everything that shapes the session (Spark
   settings less the app name, Hadoop settings, the HDFS user, the job's runtime_env less per-job
-  variables: shipped code, pip packages, Python). Jobs with the same configuration share one; a job
-  with another configuration (other code, other executors) gets its own: never a mix.
+  variables: shipped code, pip packages, Python) and a replica number. Jobs with the same
+  configuration share its sessions; a job with another configuration (other code, other executors)
+  gets its own: never a mix. A session serves one job at a time: a job that finds every replica busy
+  starts another if the cluster has room, and waits for one otherwise (:func:`emr_ray.jobs.warm.serve`).
 - *Idle timeout.* A session that ran nothing for ``idle_timeout_s`` stops Spark and exits, freeing its
   executors.
 - *Gives way to work that needs the cluster.* A job that cannot be placed because idle sessions hold
-  the CPUs (a training job on a small cluster) releases idle sessions first (:func:`release_idle`).
+  the CPUs (a training job on a small cluster) releases idle sessions first
+  (:func:`emr_ray.jobs.warm.release_idle`).
 - *Restart on failure.* A call that fails for any reason but bad input retires its session after the
   call (a broken Spark context is never reused); a session that died (its actor or JVM killed) is
   replaced by a fresh one and the partition is preprocessed there, once.
@@ -36,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from emr_ray.jobs import warm
-from emr_ray.jobs.warm import CallLog, release_idle  # noqa: F401 - release_idle: this module's API too
+from emr_ray.jobs.warm import CallLog
 
 log = logging.getLogger("emr_ray.jobs.spark_session")
 
@@ -98,6 +101,8 @@ class WarmSpark:
         with self._lock:
             if self.retired:
                 raise SessionRetired(f"Spark session {self.name} is stopping")
+            if self.busy:
+                raise warm.PoolBusy(f"Spark session {self.name} is serving another job")
             self.busy = True
         recorder = _usage.Recorder()
         began = time.time()
@@ -177,6 +182,7 @@ def actor_class() -> Any:
         _ACTOR = ray.remote(  # type: ignore[call-overload]  # concurrency_groups: actors only
             num_cpus=0,  # its executors hold the CPUs, as a job's own session's do
             max_restarts=0,
+            max_concurrency=4,  # a second job's call finds it busy at once, instead of queueing
             concurrency_groups={"control": 1},
         )(WarmSpark)
     return _ACTOR
@@ -199,44 +205,48 @@ def run_shared(
     job_runtime_env: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Run the preprocessing of ``spec_payload`` in the shared session for this configuration,
-    starting it if there is none; once more in a fresh one if the session died or was stopping."""
+    on a free replica, or a new one when all are busy and the cluster has room (else it waits);
+    in a fresh one if the session died or was stopping."""
     import ray
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
     from emr_ray.jobs._runtime import INPUT_ERRORS
 
     runtime_env = session_runtime_env(job_runtime_env)
-    name = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env)
-    for attempt in (1, 2):
-        if not warm.exists(
-            name, NAMESPACE
-        ):  # a new session needs its executors' CPUs: other idle sessions give way
-            release_idle(float(settings["num_executors"]) * float(settings["executor_cores"]), keep=name)
+    key = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env)
+    cpus = float(settings["num_executors"]) * float(settings["executor_cores"])
+    gone: list[str] = []
+
+    def attempt(name: str) -> dict[str, Any] | None:
         handle = (
             actor_class()
             .options(**_options(name, runtime_env))
             .remote(name, settings, configs, env, idle_timeout_s)
         )
         try:
-            out = ray.get(handle.run.remote(spec_payload, options, files))
+            return ray.get(handle.run.remote(spec_payload, options, files))
         except RayTaskError as e:
-            if isinstance(e.cause, SessionRetired) and attempt == 1:
+            if isinstance(e.cause, warm.PoolBusy):
+                return None
+            if isinstance(e.cause, SessionRetired):
                 warm.wait_gone(name, NAMESPACE)
-                continue
+                return None
             if isinstance(e.cause, INPUT_ERRORS):
                 raise e.cause from None  # bad input: its own message, exit 2 (no retry)
             raise  # anything else with the session's traceback
         except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
-            if attempt == 2:
+            gone.append(name)
+            if len(gone) > 2:
                 raise
             log.warning("Shared Spark session %s is gone (%s); preprocessing in a fresh one", name, e)
             warm.wait_gone(name, NAMESPACE)
-            continue
-        session = out["session"]
-        log.info("Shared Spark session %s: call %d (%s)", name, session["calls"],
-                 "warm" if session["reused"] else f"started in {session['start_seconds']:.1f}s")  # fmt: skip
-        return out
-    raise AssertionError("unreachable")
+            return None
+
+    out = warm.serve(NAMESPACE, key, cpus, attempt, what="Spark session")
+    session = out["session"]
+    log.info("Shared Spark session %s: call %d (%s)", session["name"], session["calls"],
+             "warm" if session["reused"] else f"started in {session['start_seconds']:.1f}s")  # fmt: skip
+    return out
 
 
 def sessions() -> list[str]:

@@ -11,8 +11,9 @@ each job's loop on them. The loop is the same code (it sees the group through :m
 
 - *One per configuration*: the name hashes the scaling (workers, GPUs, resources, placement) and the
   job's runtime_env less per-job variables (shipped code, packages, Python). Other code, another group.
-- *One job at a time*: a job takes the group's lease; another job with the same configuration waits.
-  The lease holder's job beats every poll; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job
+- *One job at a time per group*: a job takes a group's lease; another job with the same
+  configuration takes another replica, starts one if the cluster has room, or waits
+  (:func:`emr_ray.jobs.warm.serve`). The lease holder's job beats every poll; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job
   was killed) retires the group, so an abandoned loop never runs on.
 - *Idle timeout*, *gives way* to jobs that need its CPUs (``release_if_idle``), like a Spark session.
 - *Never reused after a failure*: a call that fails retires the group (its workers may be stuck in a
@@ -286,9 +287,8 @@ def fit_shared(
     import ray
 
     runtime_env = warm.pool_runtime_env(job_runtime_env)
-    name = group_key(scaling, runtime_env)
-    lease = _lease(name, scaling, idle_timeout_s, runtime_env)
-    group, workers = lease.pop("group"), lease["workers"]
+    lease = _lease(group_key(scaling, runtime_env), scaling, idle_timeout_s, runtime_env)
+    group, workers, name = lease.pop("group"), lease["workers"], lease["name"]
     began, ok, seen = time.time(), False, 0
     try:
         refs = [w.run.remote(train_loop, config, options, run_uri, resume_path()) for w in workers]
@@ -309,7 +309,11 @@ def fit_shared(
         outs = ray.get(refs)
         ok = True
     finally:
-        calls = ray.get(group.finish.options(concurrency_group="control").remote(lease["lease"], ok))
+        try:
+            calls = ray.get(group.finish.options(concurrency_group="control").remote(lease["lease"], ok))
+        except Exception as e:  # the group is gone already (killed): nothing left to end
+            log.warning("Warm worker group %s: could not end the lease (%s)", name, e)
+            calls = lease["calls"] + 1
     return {
         "name": name, "calls": calls, "reused": lease["calls"] > 0, "start_seconds": lease["start_seconds"],
         "cpus": lease["cpus"], "gpus": lease["gpus"], "call_started_at": began, "call_ended_at": time.time(),
@@ -318,37 +322,37 @@ def fit_shared(
 
 
 def _lease(
-    name: str, scaling: dict[str, Any], idle_timeout_s: float, runtime_env: dict[str, Any]
+    key: str, scaling: dict[str, Any], idle_timeout_s: float, runtime_env: dict[str, Any]
 ) -> dict[str, Any]:
-    """The group's lease, waiting while another job holds it; a fresh group if this one is stopping."""
+    """A free group's lease: a live replica's, or a new group's when all are busy and the cluster
+    has room for it (else wait for one)."""
     import ray
 
-    waited, gone = 0.0, 0
-    while True:
-        if not warm.exists(name, NAMESPACE):  # a new group needs its workers' CPUs: idle pools give way
-            warm.release_idle(bundle(scaling)["CPU"] * int(scaling["num_workers"]), keep=name)
+    gone: list[str] = []
+
+    def attempt(name: str) -> dict[str, Any] | None:
         group = (
             actor_class()
             .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, runtime_env=runtime_env)
             .remote(name, scaling, idle_timeout_s)
         )  # fmt: skip
         try:
-            lease = ray.get(group.acquire.remote(10.0))
+            lease = ray.get(group.acquire.remote(0.0))
         except ray.exceptions.RayTaskError as e:
             if not isinstance(e.cause, warm.PoolRetired):
                 raise
             warm.wait_gone(name, NAMESPACE)
-            continue
+            return None
         except ray.exceptions.RayActorError:
-            gone += 1  # died meanwhile (released, killed), or could not start (then say why)
-            if gone > 2:
+            gone.append(name)  # died meanwhile (released, killed), or could not start (then say why)
+            if len(gone) > 2:
                 raise
             warm.wait_gone(name, NAMESPACE)
-            continue
-        if lease is not None:
-            return lease | {"group": group}
-        waited += 10.0
-        log.info("Warm worker group %s is busy with another training; waited %.0fs", name, waited)
+            return None
+        return None if lease is None else lease | {"group": group, "name": name}
+
+    cpus = bundle(scaling)["CPU"] * int(scaling["num_workers"])
+    return warm.serve(NAMESPACE, key, cpus, attempt, what="warm worker group")
 
 
 def groups() -> list[str]:

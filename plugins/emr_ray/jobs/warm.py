@@ -4,6 +4,9 @@ and a warm training worker group (:mod:`.train_group`) are detached Ray actors t
 - *Named by their configuration*: :func:`pool_key` hashes everything that shapes the pool, including
   the job's runtime_env less what is one job's alone (:func:`pool_runtime_env`): jobs with the same
   configuration share a pool, any difference gets another one.
+- *Scale out, then queue*: a configuration's pool has replicas (``<key>-0``, ``<key>-1``...); a job
+  takes a free one, starts another when all are busy and the cluster has room for it, and waits
+  for one otherwise (:func:`serve`). Concurrent runs of one DAG overlap as far as the cluster goes.
 - *Give way*: a job that needs CPUs the idle pools hold releases them first (:func:`release_idle`,
   over every kind of pool; each pool's ``release_if_idle`` refuses while a call runs).
 - *Speak through the job*: a detached actor's own output reaches no job's log, so a call collects
@@ -17,8 +20,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from emr_ray.reuse import FORCE_ENV
 from emr_ray.secrets import SECRET_REF_ENV
@@ -36,6 +39,10 @@ class PoolRetired(RuntimeError):
     """The pool was stopping when the call arrived (idle timeout, released, failed): use a fresh one."""
 
 
+class PoolBusy(RuntimeError):
+    """The pool is serving another job's call: use another replica, or wait."""
+
+
 def pool_runtime_env(job_runtime_env: Mapping[str, Any]) -> dict[str, Any]:
     """The job's runtime_env without what is this job's alone (its secret reference, its flags)."""
     env = {k: v for k, v in dict(job_runtime_env).items() if k not in ("config", "_ray_commit")}
@@ -48,7 +55,8 @@ def pool_runtime_env(job_runtime_env: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def pool_key(prefix: str, payload: Mapping[str, Any]) -> str:
-    """A pool's name: equal configuration (and Python), equal name; any difference, another."""
+    """A pool's configuration key (its replicas are ``<key>-<i>``): equal configuration (and Python),
+    equal key; any difference, another."""
     text = json.dumps({**payload, "python": sys.version}, sort_keys=True, default=str)
     return prefix + hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -84,8 +92,8 @@ def pools(namespace: str) -> list[str]:
 
 def release_idle(cpus_needed: float, *, keep: str | None = None) -> list[str]:
     """Release idle warm pools (of any kind) until ``cpus_needed`` CPUs are free on the cluster, or
-    none is left to release. Returns the names released. ``keep``: a pool not to release (the
-    caller's own)."""
+    none is left to release. Returns the names released. ``keep``: a configuration key (or a name)
+    whose pools are not released (the caller's own)."""
     import ray
 
     released: list[str] = []
@@ -93,7 +101,7 @@ def release_idle(cpus_needed: float, *, keep: str | None = None) -> list[str]:
         return released
     for namespace in POOLS:
         for name in pools(namespace):
-            if name == keep:
+            if keep and name.startswith(keep):
                 continue
             try:
                 handle = ray.get_actor(name, namespace=namespace)
@@ -145,3 +153,50 @@ class CallLog(logging.Handler):
             if cls._current is not None:
                 logging.getLogger(name).removeHandler(cls._current)
         cls._current = None
+
+
+T = TypeVar("T")
+
+
+def replicas(namespace: str, key: str) -> list[str]:
+    """The live replicas of one configuration, by index."""
+    found = [
+        name for name in pools(namespace) if name.startswith(key + "-") and name[len(key) + 1 :].isdigit()
+    ]
+    return sorted(found, key=lambda name: int(name[len(key) + 1 :]))
+
+
+def serve(
+    namespace: str, key: str, cpus: float, attempt: Callable[[str], T | None], *, what: str,
+    poll_s: float = 1.0,
+) -> T:  # fmt: skip
+    """``attempt(name)`` on a replica of ``key`` that takes the call: the live ones first; then a new
+    one if there is none, or if the cluster has ``cpus`` free for another (idle pools of other
+    configurations give way); else wait for one. ``attempt`` starts the replica if it does not
+    exist, and returns None when it is busy or stopping (then the next is tried)."""
+    waited = 0.0
+    while True:
+        live = replicas(namespace, key)
+        for name in live:
+            got = attempt(name)
+            if got is not None:
+                return got
+        if not live or _room_for(cpus, key):
+            taken = {int(name[len(key) + 1 :]) for name in live}
+            got = attempt(f"{key}-{min(set(range(len(taken) + 1)) - taken)}")
+            if got is not None:
+                return got
+            continue
+        if waited % 15 < poll_s:
+            log.info("All %d %s(s) of this configuration are busy; waited %.0fs", len(live), what, waited)
+        time.sleep(poll_s)
+        waited += poll_s
+
+
+def _room_for(cpus: float, key: str) -> bool:
+    import ray
+
+    if ray.available_resources().get("CPU", 0.0) >= cpus:
+        return True
+    release_idle(cpus, keep=key)
+    return ray.available_resources().get("CPU", 0.0) >= cpus
