@@ -115,6 +115,15 @@ def split_task(
     return {k: round(v, 2) for k, v in parts.items()}
 
 
+def pool_slots(cpus: float, conf: dict[str, Any]) -> int:
+    """The ``ray_cluster`` pool for a contender, as its README sizing rule says: one slot per Ray task
+    the cluster runs whole (the cold path), or two per lane of warm pools when the preprocessing runs
+    in a shared Spark session (training then waits in its group, or beside the session's executor)."""
+    from devstack.airflow import ray_pool_slots, warm_pool_slots
+
+    return warm_pool_slots(cpus) if conf.get("spark_session") == "shared" else ray_pool_slots(cpus)
+
+
 def busy_timeline(spans: list[tuple[float, float]], start: float, end: float) -> dict[str, float]:
     """How much of ``[start, end]`` had no job running, and the most jobs running at once."""
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
@@ -246,13 +255,15 @@ def fits(sizes: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
 def backfill(
     stack, days: int, rows: int, first: dt.date, conf: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A backfill of ``days`` dates through a running Airflow, with the DAG's own settings."""
-    from devstack.airflow import LocalAirflow, ray_pool_slots
+    """A backfill of ``days`` dates through a running Airflow, with the DAG's own settings; the
+    ``ray_cluster`` pool sized for the contender's path (:func:`pool_slots`)."""
+    from devstack.airflow import LocalAirflow
     from emr_ray.params import MAX_ACTIVE_RUNS
     from tests.fixtures.airflow_live import Api, wait_for_runs
 
     dates = [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
-    airflow = LocalAirflow(stack, stack.root / "airflow-live", port=8080).start()
+    slots = pool_slots(float(stack.num_cpus), conf or {})
+    airflow = LocalAirflow(stack, stack.root / "airflow-live", port=8080, pool_slots=slots).start()
     try:
         api = Api(airflow)
         deadline = time.monotonic() + 300
@@ -304,7 +315,7 @@ def backfill(
         "states": sorted(r["state"] for r in finished.values()),
         "wall_s": round(wall, 1),
         "run_seconds_median": round(statistics.median(durations), 1),
-        "ray_pool_slots": ray_pool_slots(cpus),
+        "ray_pool_slots": slots,
         "max_active_runs": MAX_ACTIVE_RUNS,
         "cluster_cpus": cpus,
         "cpu_seconds_reserved": round(reserved, 1),

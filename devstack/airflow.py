@@ -39,6 +39,8 @@ PARALLELISM = 4
 #: CPUs one Ray task of the example DAGs needs on the local head: a preprocessing task's executor
 #: core plus the free CPU its COS read needs, or a training task's two 1-CPU workers (the default)
 CPUS_PER_RAY_TASK = 2
+#: CPUs of one "lane" of the example DAGs' warm pools: a Spark session's executor and a 2-worker group
+CPUS_PER_WARM_LANE = 3
 
 
 def ray_pool_slots(num_cpus: float, num_gpus: float = 0, *, cpus_per_task: float = CPUS_PER_RAY_TASK,
@@ -55,6 +57,15 @@ def ray_pool_slots(num_cpus: float, num_gpus: float = 0, *, cpus_per_task: float
     return max(1, slots)
 
 
+def warm_pool_slots(num_cpus: float, *, cpus_per_lane: float = CPUS_PER_WARM_LANE) -> int:
+    """Size of the ``ray_cluster`` pool when the Ray tasks run in warm pools (a shared Spark session, a
+    shared worker group or one that fits beside it): each lane of pools (one session and one group,
+    ``cpus_per_lane`` CPUs) serves a preprocessing and a training task at once, and a task waits in
+    its pool, never half-started on the cluster. So: 2 per lane that fits, else the cold rule."""
+    lanes = int(num_cpus // cpus_per_lane)
+    return 2 * lanes if lanes else ray_pool_slots(num_cpus)
+
+
 @dataclass
 class LocalAirflow:
     """The four Airflow processes, started and stopped by PID (never orphaned).
@@ -66,6 +77,8 @@ class LocalAirflow:
     stack: LocalStack
     home: Path
     port: int = 8080
+    #: the ``ray_cluster`` pool's slots; None: :func:`ray_pool_slots` of the stack's CPUs
+    pool_slots: int | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -106,7 +119,7 @@ class LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         self._airflow("db", "migrate")
         # Ray tasks take a slot each, deferred ones too: runs queue instead of oversubscribing the cluster.
-        slots = ray_pool_slots(self.stack.num_cpus)
+        slots = self.pool_slots or ray_pool_slots(self.stack.num_cpus)
         self._airflow("pools", "set", "ray_cluster", str(slots), "Tasks that run Ray jobs on the local cluster",
                       "--include-deferred")  # fmt: skip
         # Promotions of a model one at a time: each decides against the champion the previous one left.

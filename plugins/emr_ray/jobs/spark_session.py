@@ -71,7 +71,7 @@ class WarmSpark:
 
         os.environ.update(env)  # e.g. HADOOP_USER_NAME, read by the JVM raydp starts next
         self.name = name
-        self.idle_timeout_s = float(idle_timeout_s)
+        self.idle_timeout_s = warm.idle_timeout(name, idle_timeout_s)
         started = time.monotonic()
         self.spark = raydp.init_spark(
             app_name=f"emr-ray-shared-{name}",

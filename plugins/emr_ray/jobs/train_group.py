@@ -140,7 +140,7 @@ class WarmTrainGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         started = time.monotonic()
-        self.name, self.idle_timeout_s = name, float(idle_timeout_s)
+        self.name, self.idle_timeout_s = name, warm.idle_timeout(name, idle_timeout_s)
         workers = int(scaling["num_workers"])
         resources = bundle(scaling)
         # a placement group made by a detached actor lives as long as that actor: no leak when it is killed

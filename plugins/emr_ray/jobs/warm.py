@@ -156,6 +156,14 @@ class CallLog(logging.Handler):
 
 
 T = TypeVar("T")
+#: the idle timeout of a configuration's extra replicas (not ``-0``): a burst's replicas give the
+#: cluster back soon, as only jobs that ask for CPUs release idle pools (Ray Train's own waits do not)
+EXTRA_REPLICA_IDLE_S = 60.0
+
+
+def idle_timeout(name: str, configured_s: float) -> float:
+    """The idle timeout of replica ``name``: the configured one for ``-0``, at most a minute for others."""
+    return float(configured_s) if name.endswith("-0") else min(float(configured_s), EXTRA_REPLICA_IDLE_S)
 
 
 def replicas(namespace: str, key: str) -> list[str]:

@@ -38,6 +38,11 @@ def cluster(monkeypatch):
     return make
 
 
+def test_extra_replicas_give_the_cluster_back_within_a_minute():
+    assert warm.idle_timeout(f"{KEY}-0", 600) == 600
+    assert warm.idle_timeout(f"{KEY}-1", 600) == 60 and warm.idle_timeout(f"{KEY}-3", 30) == 30
+
+
 def test_a_free_replica_serves_the_call(cluster):
     c = cluster({f"{KEY}-0": True, f"{KEY}-1": False}, room=True)
     assert warm.serve("ns", KEY, 2, c.attempt, what="group") == f"{KEY}-1"
