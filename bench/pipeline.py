@@ -37,11 +37,14 @@ side by side on the same stack: ``job`` (each preprocessing job starts and stops
 training job has Ray Train start a worker group: the path before issue 17), ``shared`` (a warm Spark
 session that outlives the job, :mod:`emr_ray.jobs.spark_session`; Ray Train's group per training)
 and ``warm`` (both warm: the Spark session and a training worker group that outlives the job,
-:mod:`emr_ray.jobs.train_group`). Each contender gets a warm-up run, then the sizes alternate between
-them so the machine's load falls on all alike; the table at the end puts whole runs, each task's
-fixed part and the backfills side by side with their ratios. The head has 3 CPUs by default: a warm
-session's executor (1) and the 2 training workers fit at once (on 2 CPUs each warm pool releases the
-other for every task, and the warm paths cost about what ``job`` does).
+:mod:`emr_ray.jobs.train_group`). Each contender gets a warm-up run, then its sizes; one contender
+after the other (alternating them would have one contender's cold jobs evict the other's idle warm
+pools on a small cluster). The table at the end puts whole runs, each task's fixed part and the
+backfills side by side with their ratios. The head has 3 CPUs by default: a warm session's executor
+(1) and the 2 training workers fit at once (on 2 CPUs each warm pool releases the other for every
+task, and the warm paths cost about what ``job`` does). Each backfill's ``ray_cluster`` pool is sized
+for its path (:func:`pool_slots`): one Ray task at a time on the cold path, two (a preprocessing and
+a training, each in its own pool) on the warm ones.
 
 Run inside the loopback-only namespace, in pieces if need be::
 
@@ -461,14 +464,15 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=env, check=True,
                        capture_output=True)  # fmt: skip
         options = stack.storage_options()
-        if sizes and not args.no_warmup:  # each contender's first run pays what a later one need not
-            for i, contender in enumerate(contenders):
+        # one contender after the other, each after its warm-up run: alternating them would have one
+        # contender's cold jobs evict the other's idle warm pools on a small cluster
+        for i, contender in enumerate(contenders if sizes else []):
+            if not args.no_warmup:  # its first run pays what a later one need not (pools, caches)
                 warm = (dt.date.fromisoformat(WARMUP_DATE) - dt.timedelta(days=i)).isoformat()
                 synthetic.write_partitions(stack.raw_uri, warm, 1, WARMUP_ROWS, options)
                 per[contender]["warmup_s"] = round(dags_test(stack, warm, CONTENDERS[contender])[0], 1)
                 print(f"{contender}: warm-up run {per[contender]['warmup_s']} s", flush=True)
-        for rows in sizes:  # contenders alternate, so the machine's load falls on both alike
-            for contender in contenders:
+            for rows in sizes:
                 date = day.isoformat()
                 day += dt.timedelta(days=1)
                 synthetic.write_partitions(stack.raw_uri, date, 1, rows, options)
