@@ -159,6 +159,9 @@ T = TypeVar("T")
 #: the idle timeout of a configuration's extra replicas (not ``-0``): a burst's replicas give the
 #: cluster back soon, as only jobs that ask for CPUs release idle pools (Ray Train's own waits do not)
 EXTRA_REPLICA_IDLE_S = 60.0
+#: how long a job with no pool of its configuration waits for room before starting one anyway (it
+#: then waits for its resources like any Ray job)
+ROOM_WAIT_S = 60.0
 
 
 def idle_timeout(name: str, configured_s: float) -> float:
@@ -179,9 +182,10 @@ def serve(
     poll_s: float = 1.0,
 ) -> T:  # fmt: skip
     """``attempt(name)`` on a replica of ``key`` that takes the call: the live ones first; then a new
-    one if there is none, or if the cluster has ``cpus`` free for another (idle pools of other
-    configurations give way); else wait for one. ``attempt`` starts the replica if it does not
-    exist, and returns None when it is busy or stopping (then the next is tried)."""
+    one if the cluster has ``cpus`` free for it (idle pools of other configurations give way); else
+    wait for a live one, or, when there is none, for room (a busy pool may finish and give way) up to
+    ``ROOM_WAIT_S`` before starting one anyway. ``attempt`` starts the replica if it does not exist,
+    and returns None when it is busy or stopping (then the next is tried)."""
     waited = 0.0
     while True:
         live = replicas(namespace, key)
@@ -189,14 +193,15 @@ def serve(
             got = attempt(name)
             if got is not None:
                 return got
-        if not live or _room_for(cpus, key):
+        if _room_for(cpus, key) or (not live and waited >= ROOM_WAIT_S):
             taken = {int(name[len(key) + 1 :]) for name in live}
             got = attempt(f"{key}-{min(set(range(len(taken) + 1)) - taken)}")
             if got is not None:
                 return got
             continue
         if waited % 15 < poll_s:
-            log.info("All %d %s(s) of this configuration are busy; waited %.0fs", len(live), what, waited)
+            log.info("No %s of this configuration is free and the cluster has no room for another "
+                     "(%d live); waited %.0fs", what, len(live), waited)  # fmt: skip
         time.sleep(poll_s)
         waited += poll_s
 

@@ -49,8 +49,16 @@ def test_a_free_replica_serves_the_call(cluster):
     assert c.calls == [f"{KEY}-0", f"{KEY}-1"]
 
 
-def test_the_first_call_starts_replica_0_even_without_room(cluster):
+def test_the_first_call_waits_a_while_for_room_then_starts_replica_0_anyway(cluster, monkeypatch):
     c = cluster({}, room=False)
+    slept: list[float] = []
+    monkeypatch.setattr(warm.time, "sleep", slept.append)
+    assert warm.serve("ns", KEY, 2, c.attempt, what="group", poll_s=10) == f"{KEY}-0"
+    assert sum(slept) == warm.ROOM_WAIT_S
+
+
+def test_the_first_call_starts_replica_0_at_once_when_there_is_room(cluster):
+    c = cluster({}, room=True)
     assert warm.serve("ns", KEY, 2, c.attempt, what="group") == f"{KEY}-0"
 
 
