@@ -1,4 +1,5 @@
-"""Job: distributed PyTorch training with Ray Train's TorchTrainer, tracked in MLflow.
+"""Job: distributed PyTorch training with Ray Train's TorchTrainer (or, with ``worker_group="shared"``,
+on a warm worker group that outlives the job: :mod:`emr_ray.jobs.train_warm`), tracked in MLflow.
 
 Workers read their own shards of the committed Parquet partitions (``emr_ray.train.worker_shard``);
 the job only plans them from the Parquet footers, so no data passes through the job or Ray's object
