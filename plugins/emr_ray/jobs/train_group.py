@@ -74,6 +74,7 @@ class TrainWorker:
         self.rank, self.world_size, self.use_gpu = rank, world_size, use_gpu
         self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray sets the visible GPU
         self.reports: list[dict[str, Any]] = []
+        self.call = ""  # the running call's id: reports are read by call, never another job's
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port: where rank 0 hosts the process group's rendezvous."""
@@ -94,7 +95,7 @@ class TrainWorker:
         dist.init_process_group("nccl" if self.use_gpu else "gloo", init_method=f"tcp://{master}:{port}",
                                 rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=30))  # fmt: skip
 
-    def run(self, train_loop: str, config: dict[str, Any], options: Any, run_uri: str,
+    def run(self, call: str, train_loop: str, config: dict[str, Any], options: Any, run_uri: str,
             resume_path: str | None) -> dict[str, Any]:  # fmt: skip
         """Run the loop once with this call's storage options; rank 0 stores each epoch's checkpoint."""
         import tempfile
@@ -104,7 +105,7 @@ class TrainWorker:
         from emr_ray.jobs import train_checkpoints
         from emr_ray.spec import import_by_path
 
-        self.reports = []
+        self.call, self.reports = call, []
         fsys, run_path = storage.resolve(run_uri, options)
         lines = warm.CallLog.attach()
 
@@ -127,8 +128,9 @@ class TrainWorker:
             warm.CallLog.detach()
         return {"log": lines, "reports": len(self.reports)}
 
-    def reports_since(self, seen: int) -> list[dict[str, Any]]:
-        return self.reports[seen:]
+    def reports_since(self, call: str, seen: int) -> list[dict[str, Any]]:
+        """This call's reports after the first ``seen`` (none while an earlier call's are still held)."""
+        return self.reports[seen:] if call == self.call else []
 
 
 class WarmTrainGroup:
@@ -291,7 +293,8 @@ def fit_shared(
     group, workers, name = lease.pop("group"), lease["workers"], lease["name"]
     began, ok, seen = time.time(), False, 0
     try:
-        refs = [w.run.remote(train_loop, config, options, run_uri, resume_path()) for w in workers]
+        call, resume = lease["lease"], resume_path()
+        refs = [w.run.remote(call, train_loop, config, options, run_uri, resume) for w in workers]
         pending = list(refs)
         while True:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
@@ -299,7 +302,9 @@ def fit_shared(
                 ray.get(done)
             except Exception as e:
                 raise GroupFailed(f"Warm worker group {name}: a worker failed: {e}") from e
-            reports = ray.get(workers[0].reports_since.options(concurrency_group="control").remote(seen))
+            reports = ray.get(
+                workers[0].reports_since.options(concurrency_group="control").remote(call, seen)
+            )
             seen += len(reports)
             for report in reports:
                 on_report(report)
