@@ -40,6 +40,8 @@ RENEW_SECONDS = 60
 
 log = logging.getLogger("emr_ray.secrets")
 _taken: dict[str, str] = {}
+#: the job-scoped copies this process keeps (deleted when it ends: at exit, or by :func:`forget_all`)
+_copies: list[str] = []
 
 
 class SecretsUnavailableError(RuntimeError):
@@ -77,6 +79,7 @@ def take() -> dict[str, str]:
     key = copy_key(ref)
     kv._internal_kv_put(key, blob)
     _renew(key)
+    _copies.append(key)
     atexit.register(_forget, key)
     _taken[ref] = blob.decode()
     log.info("Took the job's secrets (%s); the staged copy is deleted", ", ".join(sorted(json.loads(blob))))
@@ -140,6 +143,13 @@ def _renew(key: str) -> None:
                 return
 
     threading.Thread(target=loop, name="emr-ray-secrets-renew", daemon=True).start()
+
+
+def forget_all() -> None:
+    """Delete this driver's job-scoped copies now: what the exit handler does, for a job that ends its
+    process without the interpreter's exit handlers (``emr_ray.jobs._runtime``'s fast exit)."""
+    while _copies:
+        _forget(_copies.pop())
 
 
 def _forget(key: str) -> None:

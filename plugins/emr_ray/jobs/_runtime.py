@@ -88,6 +88,7 @@ def main(
     sys.stderr.flush()
     print("\n" + RESULT_MARKER + line, flush=True)  # on a line of its own, whatever was printed before
     if fast_exit:
+        secrets.forget_all()  # the one exit handler that must run: the job-scoped copy of its secrets
         logging.shutdown()
         sys.stdout.flush()
         os._exit(0)
