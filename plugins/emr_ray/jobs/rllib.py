@@ -441,4 +441,4 @@ def run(spec: RLlibJobSpec) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(run, spec_type=RLlibJobSpec, fast_exit=True)
+    main(run, spec_type=RLlibJobSpec)
