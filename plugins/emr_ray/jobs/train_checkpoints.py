@@ -104,8 +104,11 @@ class CheckpointStore:
         found = self.complete()
         return found[-1] if found else None
 
-    def ranked(self) -> list[tuple[StoredCheckpoint, dict[str, Any]]]:
-        """Best first by the score attribute (checkpoints without it last, newest first among equals)."""
+    def ranked(
+        self, found: list[tuple[StoredCheckpoint, dict[str, Any]]] | None = None
+    ) -> list[tuple[StoredCheckpoint, dict[str, Any]]]:
+        """Best first by the score attribute (checkpoints without it last, newest first among equals);
+        ``found``: the :meth:`complete` list when the caller has it already."""
         attribute, sign = self.spec.score_attribute, (1 if self.spec.score_order == "min" else -1)
 
         def key(pair: tuple[StoredCheckpoint, dict[str, Any]]) -> tuple[int, float, int]:
@@ -114,14 +117,15 @@ class CheckpointStore:
                 return (1, 0.0, -int(pair[1]["epoch"]))
             return (0, sign * float(value), -int(pair[1]["epoch"]))
 
-        return sorted(self.complete(), key=key)
+        return sorted(self.complete() if found is None else found, key=key)
 
     def retain(self) -> list[tuple[StoredCheckpoint, dict[str, Any]]]:
         """Delete all but the ``num_to_keep`` best and the latest; returns what is kept, best first."""
-        ranked = self.ranked()
+        found = self.complete()  # one listing for the ranking and the latest
+        ranked = self.ranked(found)
         if self.spec.num_to_keep is None:
             return ranked
-        latest = self.latest()
+        latest = found[-1] if found else None
         kept = ranked[: self.spec.num_to_keep]
         for checkpoint, metrics in ranked[self.spec.num_to_keep :]:
             if latest and checkpoint.path == latest[0].path:
