@@ -140,14 +140,26 @@ def start_head(
     return LocalRay(url, token, state, f"{LOOPBACK}:{gcs_port}")
 
 
+#: ports of the second node of the test head: both nodes share 127.0.0.1, and a node left on Ray's
+#: defaults finds the head's dashboard agent on 52365, starts its own agent without an HTTP server
+#: and reports ``driver_agent_http_address`` ``http://127.0.0.1:-1``: the Jobs API then answers 500
+#: for the logs of every job whose driver runs there (seen as a task waiting out its retry budget)
+SECOND_NODE_PORTS = {
+    "node-manager-port": 20030, "object-manager-port": 20031, "metrics-export-port": 20032,
+    "dashboard-agent-listen-port": 20033, "dashboard-agent-grpc-port": 20034,
+    "runtime-env-agent-port": 20035, "min-worker-port": 23000, "max-worker-port": 23999,
+}  # fmt: skip
+
+
 def add_worker_node(local: LocalRay, *, num_cpus: int = 1, resources: str | None = None) -> None:
-    """Join a second local node to the head (tests of multi-node placement)."""
+    """Join a second local node to the head (tests of multi-node placement), on its own ports."""
     cmd = [
         _ray_bin(),
         "start",
         f"--address={local.gcs_address}",
         f"--node-ip-address={LOOPBACK}",
         f"--num-cpus={num_cpus}",
+        *(f"--{k}={v}" for k, v in SECOND_NODE_PORTS.items()),
     ]
     if resources:
         cmd.append(f"--resources={resources}")

@@ -28,7 +28,7 @@ import json
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import cached_property
 from pathlib import Path
@@ -44,7 +44,7 @@ from emr_ray.exceptions import (
     RayJobsApiError,
 )
 from emr_ray.hooks.ray_tls import RayTlsConfig, describe_tls_failure, has_credentials, refuse_plain_http
-from emr_ray.hooks.ray_wait import BACKOFF, Backoff, Outage, is_transient, summarize_cluster
+from emr_ray.hooks.ray_wait import BACKOFF, Backoff, Outage, is_transient, summarize_cluster, unreadable_logs
 
 DEFAULT_DASHBOARD_PORT = 8265
 T = TypeVar("T")
@@ -363,7 +363,11 @@ class RayHook(BaseHook):
         response = self._request("GET", f"/api/jobs/{submission_id}", allow_404=True)
         return None if response is None else response.json()
 
-    def get_job_logs(self, submission_id: str) -> str:
+    def get_job_logs(self, submission_id: str, job: Mapping[str, Any] | None = None) -> str:
+        """The job's driver log; ``job`` (its details, when the caller has them) lets a log that the
+        Jobs API cannot serve fail at once (:func:`~emr_ray.hooks.ray_wait.unreadable_logs`)."""
+        if error := unreadable_logs(submission_id, job):
+            raise error
         response = self._request("GET", f"/api/jobs/{submission_id}/logs", allow_404=True)
         return "" if response is None else response.json().get("logs", "")
 
@@ -430,8 +434,10 @@ class AsyncJobsClient:
         """As :meth:`RayHook.get_job`."""
         return await self._json("GET", f"/api/jobs/{submission_id}")
 
-    async def get_job_logs(self, submission_id: str) -> str:
+    async def get_job_logs(self, submission_id: str, job: Mapping[str, Any] | None = None) -> str:
         """As :meth:`RayHook.get_job_logs`."""
+        if error := unreadable_logs(submission_id, job):
+            raise error
         return ((await self._json("GET", f"/api/jobs/{submission_id}/logs")) or {}).get("logs", "")
 
     async def stop_job(self, submission_id: str) -> bool:

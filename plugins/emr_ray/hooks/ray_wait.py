@@ -167,6 +167,28 @@ def poll_delay(job: Mapping[str, Any] | None, now: float, poll_interval: float) 
     return max(min(poll_interval, age / 10), min(MIN_POLL_SECONDS, poll_interval))
 
 
+def unreadable_logs(submission_id: str, job: Mapping[str, Any] | None) -> RayJobsApiError | None:
+    """The error to raise instead of asking for the job's logs when its own details show that the
+    Jobs API cannot serve them (it would answer 500 on every try until the retry budget ran out).
+
+    The dashboard reads a job's logs from the agent of its driver's node; an agent that could not
+    open its HTTP port reports ``driver_agent_http_address`` with port -1. Not transient: the
+    job's result line is in those logs, and that agent stays without a port until its node restarts.
+    """
+    address = str((job or {}).get("driver_agent_http_address") or "")
+    if not address.endswith(":-1"):
+        return None
+    node = (job or {}).get("driver_node_id")
+    return RayJobsApiError(
+        f"The Ray Jobs API cannot serve the logs of job {submission_id} (nor its result line): the "
+        f"dashboard agent of its driver's node {node} has no HTTP port ({address}). That agent could "
+        "not open --dashboard-agent-listen-port (default 52365), usually because another Ray node on "
+        "the same host holds it: give each node of a host its own agent ports (ray start "
+        "--dashboard-agent-listen-port) and restart that node. The job itself was not stopped.",
+        transient=False,
+    )
+
+
 def interpret_job(submission_id: str, job: dict[str, Any] | None, logs: str) -> dict[str, Any]:
     """One reading of a finished job for both the poking and the deferred path.
 

@@ -328,7 +328,7 @@ class RayJobOperator(BaseOperator):
         while True:
             try:
                 job = self.hook.get_job(submission_id)
-                logs = self.hook.get_job_logs(submission_id)
+                logs = self.hook.get_job_logs(submission_id, job)
                 if staged := ray_secrets.staged_ref_of(job or {}):
                     ray_secrets.renew(self.hook, staged)
             except RayJobsApiError as e:

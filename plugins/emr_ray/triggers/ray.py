@@ -90,7 +90,7 @@ class RayJobTrigger(BaseTrigger):
                         job, time.time(), deadline=self.deadline, pending_deadline=self.pending_deadline
                     )
                     if step == FINISH:
-                        logs = await jobs.get_job_logs(self.submission_id)
+                        logs = await jobs.get_job_logs(self.submission_id, job)
                         yield TriggerEvent(interpret_job(self.submission_id, job, logs))
                         return
                     if step == TIMEOUT:

@@ -18,6 +18,7 @@ from emr_ray.hooks.ray_wait import (
     next_step,
     pending_timeout_event,
     summarize_cluster,
+    unreadable_logs,
 )
 from emr_ray.jobs import _runtime
 from emr_ray.jobs._runtime import JobInputError
@@ -188,3 +189,17 @@ def test_a_young_job_is_polled_more_often_than_an_old_one(age_s, poll_interval, 
         poll_delay({"status": "RUNNING", "start_time": (now - age_s) * 1000}, now, poll_interval) == expected
     )
     assert poll_delay(None, now, poll_interval) == min(1.0, poll_interval)  # not seen yet
+
+
+def test_a_driver_whose_node_agent_has_no_http_port_fails_at_once_naming_the_port():
+    job = {"status": "SUCCEEDED", "driver_node_id": "n2", "driver_agent_http_address": "http://127.0.0.1:-1"}
+    error = unreadable_logs("j1", job)
+    assert error is not None and not error.transient
+    assert "n2" in str(error) and "--dashboard-agent-listen-port" in str(error)
+
+
+@pytest.mark.parametrize(
+    "job", [None, {"status": "RUNNING"}, {"driver_agent_http_address": "http://10.0.0.7:52365"}]
+)
+def test_logs_are_asked_for_when_the_job_does_not_say_they_are_unreachable(job):
+    assert unreadable_logs("j1", job) is None
