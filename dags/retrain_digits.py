@@ -15,6 +15,7 @@ from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.operators.torch import TorchTrainOperator
 from emr_ray.params import (
+    DEFER_AFTER_TEMPLATE,
     MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
     SPARK_IDLE_TIMEOUT_TEMPLATE,
@@ -73,6 +74,7 @@ with DAG(
     )
     preprocess = RayDPSparkOperator(
         task_id="preprocess",
+        defer_after=DEFER_AFTER_TEMPLATE,
         spark_session=SPARK_SESSION_TEMPLATE,
         spark_idle_timeout=SPARK_IDLE_TIMEOUT_TEMPLATE,
         preprocess="include.preprocessing.digits:augment",
@@ -92,6 +94,7 @@ with DAG(
     )
     train = TorchTrainOperator(
         task_id="train",
+        defer_after=DEFER_AFTER_TEMPLATE,
         worker_group=WORKER_GROUP_TEMPLATE,
         worker_group_idle_timeout=WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE,
         train_loop="include.models.digits:train_loop",

@@ -17,7 +17,13 @@ from airflow.sdk import DAG, Param
 from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.ray import RayConnectOperator
 from emr_ray.operators.rllib import RLlibTrainOperator
-from emr_ray.params import MAX_ACTIVE_RUNS, daily_partitions, history_start, pipeline_params
+from emr_ray.params import (
+    DEFER_AFTER_TEMPLATE,
+    MAX_ACTIVE_RUNS,
+    daily_partitions,
+    history_start,
+    pipeline_params,
+)
 
 CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
 
@@ -56,6 +62,7 @@ with DAG(
     )
     train = RLlibTrainOperator(
         task_id="train",
+        defer_after=DEFER_AFTER_TEMPLATE,
         algorithm="PPO",
         env="CartPole-v1",
         # measured on a loaded 2-core machine: past 150 within 6-8 iterations of 2,000 steps, ~1 s each

@@ -118,6 +118,12 @@ SPARK_SESSION_TEMPLATE = "{{ params.spark_session }}"
 SPARK_IDLE_TIMEOUT_TEMPLATE = "{{ var.value.get('emr_ray_spark_idle_timeout', 600) }}"
 
 
+#: how long a Ray task watches its job before deferring: the ``emr_ray_defer_after`` Variable
+#: (seconds), 30 by default. A warm pool's call (seconds) then ends in its task, without the
+#: triggerer's round trip and the second task start that resumes it; a longer job defers then
+DEFER_AFTER_TEMPLATE = "{{ var.value.get('emr_ray_defer_after', 30) }}"
+
+
 #: where the training's loop runs, from the run's ``worker_group`` Param
 WORKER_GROUP_TEMPLATE = "{{ params.worker_group }}"
 #: how long a warm training worker group waits for the next partition: the

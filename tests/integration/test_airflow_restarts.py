@@ -90,9 +90,18 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.fixture
+def defer_at_once(api):
+    """The ``emr_ray_defer_after`` Variable at 0 for one test: its Ray tasks defer right after
+    submitting, as a long job would (the DAGs' default watches a job for 30 s first)."""
+    api.call("POST", "/api/v2/variables", {"key": "emr_ray_defer_after", "value": "0"})
+    yield
+    api.call("DELETE", "/api/v2/variables/emr_ray_defer_after")
+
+
 @pytest.mark.timeout(1500)
 def test_triggerer_killed_while_training_is_deferred_resumes_the_same_ray_job(
-    api, live_airflow: LocalAirflow, live_stack, raw_dates
+    api, live_airflow: LocalAirflow, live_stack, raw_dates, defer_at_once
 ):
     run_id = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
         "dag_run_id": "restart-triggerer", "logical_date": None,

@@ -304,6 +304,42 @@ def test_deferred_and_polled_runs_give_the_same_xcom(ray_conn):
     assert deferred_result.keys() == polled.keys() and deferred_result["echo"] == polled["echo"]
 
 
+def test_a_job_that_ends_within_defer_after_finishes_in_the_task_without_deferring(ray_conn):
+    op = RayJobOperator(task_id="echo", spec={"payload": {"quick": True}, "sleep_seconds": 1},
+                        poll_interval=0.5, deferrable=True, defer_after="30")  # fmt: skip
+    result = op.execute({"ti": FakeTaskInstance("echo")})  # no TaskDeferred
+    assert result["echo"] == {"quick": True}
+
+
+def test_a_job_still_running_at_defer_after_defers_and_resumes_its_log_where_the_task_left_it(ray_conn):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    op = RayJobOperator(task_id="echo", spec={"payload": {"slow": True}, "sleep_seconds": 8},
+                        poll_interval=0.5, deferrable=True, defer_after=4)  # fmt: skip
+    ti = FakeTaskInstance("echo")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})
+    printed = deferred.value.kwargs["log_lines_printed"]
+    assert printed >= 1  # the job's "waiting: 1/8 s" lines the task already showed
+    event = run_trigger(deferred.value.trigger)
+    shown: list[int] = []
+    resumed = RayJobOperator(task_id="echo", spec={}, poll_interval=0.5, deferrable=True)
+    original = resumed._print_new_lines
+    resumed._print_new_lines = lambda logs, start: shown.append(start) or original(logs, start)  # type: ignore[method-assign]
+    assert resumed.execute_complete({"ti": ti}, event, **deferred.value.kwargs)["echo"] == {"slow": True}
+    assert shown == [printed]  # the tail after what the task showed, not the first lines again
+
+
+def test_a_defer_after_that_is_not_seconds_fails_before_anything_is_submitted(ray_conn):
+    from emr_ray.identity import TaskIdentity
+
+    op = RayJobOperator(task_id="echo", spec={}, deferrable=True, defer_after="half a minute")
+    ti = FakeTaskInstance("echo")
+    with pytest.raises(RayJobInputError, match="defer_after='half a minute'"):
+        op.execute({"ti": ti})
+    assert RayHook(ray_conn).get_job(TaskIdentity.from_context({"ti": ti}).submission_id()) is None
+
+
 def test_deferred_failure_carries_the_jobs_message(ray_conn):
     from airflow.sdk.exceptions import TaskDeferred
 

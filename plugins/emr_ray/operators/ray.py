@@ -110,6 +110,12 @@ class RayJobOperator(BaseOperator):
         ``code``, else ``"installed"``. Local ``py_modules`` / ``working_dir`` paths are always uploaded.
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``); the job is stopped if ``execution_timeout`` runs out.
+    :param defer_after: with ``deferrable``, watch the job from the task for this long before
+        deferring (seconds or timedelta, templated; default 0: defer at once). A job that ends by
+        then finishes in the same task process, without the trigger's round trip and the second
+        task start that resumes it: for a job of a few seconds (a warm pool's call) that is most of
+        its task's time. A job still running then defers as usual (its log continues where the task
+        left it).
     :param cos_conn_id: the ``cos`` connection used when the spec names ``cos://`` URIs; its endpoint
         goes into the spec, its credentials only into the job's environment.
     :param hdfs_conn_id: a ``webhdfs`` connection (the Apache HDFS provider's type) used when the spec
@@ -119,7 +125,7 @@ class RayJobOperator(BaseOperator):
         on a real cluster). Without it, ``hdfs://`` URIs use the NameNode's host on port 9870.
     """
 
-    template_fields: Sequence[str] = ("spec", "runtime_env", "force_recompute")
+    template_fields: Sequence[str] = ("spec", "runtime_env", "force_recompute", "defer_after")
     template_fields_renderers = {"spec": "json", "runtime_env": "json"}
     operator_extra_links = (RayJobLink(),)
     job_module = "emr_ray.jobs.echo"
@@ -141,9 +147,11 @@ class RayJobOperator(BaseOperator):
         cos_conn_id: str = "cos_default",
         hdfs_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        defer_after: float | timedelta | str = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.defer_after = defer_after
         self.cos_conn_id = cos_conn_id
         self.hdfs_conn_id = hdfs_conn_id
         self.deferrable = deferrable
@@ -200,6 +208,7 @@ class RayJobOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         identity = TaskIdentity.from_context(context)
+        watch_for = self._defer_after_seconds() if self.deferrable else 0.0  # checked before submitting
         try:
             spec = self.job_payload(context, identity)
         except ValueError as e:  # SpecError, StorageError: the rendered arguments can never run
@@ -209,29 +218,54 @@ class RayJobOperator(BaseOperator):
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env, secrets)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
         self.log.info("Ray job %s: %s", self._submission_id, self.hook.job_url(self._submission_id))
-        if self.deferrable:
-            timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
-            self.defer(
-                trigger=RayJobTrigger(
-                    submission_id=self._submission_id,
-                    ray_conn_id=self.ray_conn_id,
-                    poll_interval=self.poll_interval,
-                    deadline=time.time() + timeout if timeout else None,
-                    pending_deadline=time.time() + self.pending_timeout if self.pending_timeout else None,
-                    pending_timeout=self.pending_timeout,
-                    monitor_retry_seconds=self.monitor_retry_seconds,
-                    entrypoint_asks=self._entrypoint_asks(),
-                ),  # fmt: skip
-                method_name="execute_complete",
-            )
+        started = time.time()
+        pending_deadline = started + self.pending_timeout if self.pending_timeout else None
+        if not self.deferrable:
+            result = self._watch(self._submission_id, pending_deadline)
+            assert result is not None  # without ``until`` only the job's end returns
+            return result
+        if watch_for:
+            finished = self._watch(self._submission_id, pending_deadline, until=started + watch_for)
+            if finished is not None:
+                return finished
+            self.log.info("Ray job %s still running after %.0f s (defer_after); deferring",
+                          self._submission_id, watch_for)  # fmt: skip
+        timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
+        self.defer(
+            trigger=RayJobTrigger(
+                submission_id=self._submission_id,
+                ray_conn_id=self.ray_conn_id,
+                poll_interval=self.poll_interval,
+                deadline=started + timeout if timeout else None,
+                pending_deadline=pending_deadline,
+                pending_timeout=self.pending_timeout,
+                monitor_retry_seconds=self.monitor_retry_seconds,
+                entrypoint_asks=self._entrypoint_asks(),
+            ),
+            method_name="execute_complete",
+            kwargs={"log_lines_printed": self._log_lines_printed},
+        )
+
+    def _defer_after_seconds(self) -> float:
+        """``defer_after`` as seconds (it may arrive rendered from a template); bad values fail the task."""
         try:
-            return self._wait(self._submission_id)
+            return _seconds(self.defer_after) or 0.0
+        except (TypeError, ValueError) as e:
+            raise RayJobInputError(
+                f"Task {self.task_id}: defer_after={self.defer_after!r} is not a number of seconds or a "
+                "timedelta; set it to e.g. 30 (0 defers at once)."
+            ) from e
+
+    def _watch(
+        self, submission_id: str, pending_deadline: float | None, until: float | None = None
+    ) -> dict[str, Any] | None:
+        """:meth:`_wait` from the task process; a kill of the task (not a failed job) stops the job."""
+        try:
+            return self._wait(submission_id, pending_deadline, until=until)
         except Exception:
             raise  # a failed job, or lost contact: the job is left as it is
         except BaseException as e:  # AirflowTaskTimeout, AirflowTaskTerminated, KeyboardInterrupt: a kill
-            self.log.warning(
-                "Task interrupted (%s); stopping Ray job %s", type(e).__name__, self._submission_id
-            )
+            self.log.warning("Task interrupted (%s); stopping Ray job %s", type(e).__name__, submission_id)
             self._stop_quietly()
             raise
 
@@ -322,9 +356,13 @@ class RayJobOperator(BaseOperator):
         )
         return submission_id
 
-    def _wait(self, submission_id: str) -> dict[str, Any]:
-        printed = 0
-        pending_deadline = time.time() + self.pending_timeout if self.pending_timeout else None
+    _log_lines_printed = 0
+
+    def _wait(
+        self, submission_id: str, pending_deadline: float | None = None, *, until: float | None = None
+    ) -> dict[str, Any] | None:
+        """Poll the job until it ends (its XCom, or the failure), streaming its log; None when
+        ``until`` (epoch seconds) comes first."""
         while True:
             try:
                 job = self.hook.get_job(submission_id)
@@ -338,14 +376,18 @@ class RayJobOperator(BaseOperator):
                 raise RayMonitorLostError(
                     lost_contact_message(submission_id, url, e, self.monitor_retry_seconds)
                 ) from e
-            printed = self._print_new_lines(logs, printed)
-            step = next_step(job, time.time(), pending_deadline=pending_deadline)
+            self._log_lines_printed = self._print_new_lines(logs, self._log_lines_printed)
+            now = time.time()
+            step = next_step(job, now, pending_deadline=pending_deadline)
             if step == FINISH:
                 return self._finish(interpret_job(submission_id, job, logs))
             if step == PENDING_TIMEOUT:
                 assert job is not None
                 return self._finish(self._pending_timed_out(submission_id, job))
-            time.sleep(poll_delay(job, time.time(), self.poll_interval))
+            if until is not None and now >= until:
+                return None
+            delay = poll_delay(job, now, self.poll_interval)
+            time.sleep(delay if until is None else max(0.0, min(delay, until - now)))
 
     def _pending_timed_out(self, submission_id: str, job: dict[str, Any]) -> dict[str, Any]:
         """Stop a job that stayed PENDING too long; the event names what it waits for."""
@@ -407,13 +449,17 @@ class RayJobOperator(BaseOperator):
         if isinstance(result, Mapping) and isinstance(result.get("usage"), Mapping):
             self.log.info("Used: %s", summary(result["usage"]))
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        """Resume after deferral: show the job log's tail, then the same reading as the poking path."""
+    def execute_complete(
+        self, context: Any, event: dict[str, Any], log_lines_printed: int = 0
+    ) -> dict[str, Any]:
+        """Resume after deferral: show the job log's tail (from where the task's own watch left it,
+        ``defer_after``), then the same reading as the poking path."""
         self._submission_id = event["submission_id"]
         if event.get("reason") not in ("monitor_lost", "auth"):
             try:
                 logs = self.hook.get_job_logs(self._submission_id)
-                self._print_new_lines(logs, max(0, len(logs.splitlines()) - _LOG_LINES_PER_POLL))
+                tail = max(0, len(logs.splitlines()) - _LOG_LINES_PER_POLL)
+                self._print_new_lines(logs, max(tail, log_lines_printed))
             except RayClusterError as e:
                 self.log.warning("Could not fetch the job's log (%s); see the dashboard", e)
         return self._finish(event)

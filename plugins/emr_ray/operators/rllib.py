@@ -122,8 +122,10 @@ class RLlibTrainOperator(MLflowJobOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         return self._logged(super().execute(context))
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        return self._logged(super().execute_complete(context, event))
+    def execute_complete(
+        self, context: Any, event: dict[str, Any], log_lines_printed: int = 0
+    ) -> dict[str, Any]:
+        return self._logged(super().execute_complete(context, event, log_lines_printed))
 
     def _logged(self, result: dict[str, Any]) -> dict[str, Any]:
         """Log the outcome (both wait paths, polling and deferred, end here)."""
