@@ -39,7 +39,9 @@ session that outlives the job, :mod:`emr_ray.jobs.spark_session`; Ray Train's gr
 and ``warm`` (both warm: the Spark session and a training worker group that outlives the job,
 :mod:`emr_ray.jobs.train_group`). Each contender gets a warm-up run, then its sizes; one contender
 after the other (alternating them would have one contender's cold jobs evict the other's idle warm
-pools on a small cluster). The table at the end puts whole runs, each task's fixed part and the
+pools on a small cluster). Each contender also sets how long its Ray tasks watch their job before
+deferring (:data:`DEFER_AFTER`, the DAGs' ``emr_ray_defer_after`` Variable): 0 on the cold path, as
+before issue 17, 30 s on the others; ``warm_defer_at_once`` is ``warm`` deferring at once. The table at the end puts whole runs, each task's fixed part and the
 backfills side by side with their ratios. The head has 3 CPUs by default: a warm session's executor
 (1) and the 2 training workers fit at once (on 2 CPUs each warm pool releases the other for every
 task, and the warm paths cost about what ``job`` does). Each backfill's ``ray_cluster`` pool is sized
@@ -82,7 +84,17 @@ CONTENDERS = {
     "job": {"spark_session": "job", "worker_group": "job"},
     "shared": {"spark_session": "shared", "worker_group": "job"},
     "warm": {"spark_session": "shared", "worker_group": "shared"},
+    "warm_defer_at_once": {"spark_session": "shared", "worker_group": "shared"},
 }
+#: how long each contender's Ray tasks watch their job before deferring (the DAGs'
+#: ``emr_ray_defer_after`` Variable, set in the environment of its runs): the path before issue 17
+#: deferred at once; ``warm_defer_at_once`` shows what the watch alone saves
+DEFER_AFTER = {"job": 0, "shared": 30, "warm": 30, "warm_defer_at_once": 0}
+
+
+def use_contender(name: str) -> None:
+    """Set the contender's Variables for the ``dags test`` runs and the Airflow started after this."""
+    os.environ["AIRFLOW_VAR_EMR_RAY_DEFER_AFTER"] = str(DEFER_AFTER[name])
 
 
 # -- report maths (pure) ----------------------------------------------------------------------------
@@ -467,6 +479,7 @@ def main(argv: list[str] | None = None) -> None:
         # one contender after the other, each after its warm-up run: alternating them would have one
         # contender's cold jobs evict the other's idle warm pools on a small cluster
         for i, contender in enumerate(contenders if sizes else []):
+            use_contender(contender)
             if not args.no_warmup:  # its first run pays what a later one need not (pools, caches)
                 warm = (dt.date.fromisoformat(WARMUP_DATE) - dt.timedelta(days=i)).isoformat()
                 synthetic.write_partitions(stack.raw_uri, warm, 1, WARMUP_ROWS, options)
@@ -487,6 +500,7 @@ def main(argv: list[str] | None = None) -> None:
             write_json("pipeline-sizes.json", result)
         if not args.no_backfill:
             for contender in contenders:
+                use_contender(contender)
                 first = day + dt.timedelta(days=1)
                 day = first + dt.timedelta(days=args.backfill_days)
                 synthetic.write_partitions(stack.raw_uri, first.isoformat(), args.backfill_days, args.backfill_rows,
@@ -505,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     text = []
     for contender in contenders:
         text += [
-            f"## {contender}: {json.dumps(CONTENDERS[contender])}",
+            f"## {contender}: {json.dumps(CONTENDERS[contender])}, defer_after {DEFER_AFTER[contender]} s",
             report(per[contender] | {"machine": result["machine"]}),
             "",
         ]

@@ -159,7 +159,15 @@ class TorchTrainOperator(MLflowJobOperator):
         return CompareSection(model_name=name, alias=self.compare_alias)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        result = super().execute(context)
+        return self._logged(super().execute(context))
+
+    def execute_complete(
+        self, context: Any, event: dict[str, Any], log_lines_printed: int = 0
+    ) -> dict[str, Any]:
+        return self._logged(super().execute_complete(context, event, log_lines_printed))
+
+    def _logged(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Log the outcome (both wait paths, polling and deferred, end here)."""
         for epoch_metric in ("test_accuracy", "test_loss"):
             if epoch_metric in result.get("final_metrics", {}):
                 self.log.info("Final %s: %.4f", epoch_metric, result["final_metrics"][epoch_metric])
