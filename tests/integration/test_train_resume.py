@@ -1,12 +1,14 @@
 """TorchTrainOperator resumes instead of restarting, on the real local Ray cluster and MLflow store.
 
-Two interruptions: the Airflow side is killed mid-training and the task is retried (the job of try
-1 is stopped, try 2 resumes from the latest checkpoint into the same MLflow run), and a worker
-process dies (the worker group restarts from the checkpoint, FailureConfig). Both run with Ray
+Three interruptions: the Airflow side is killed mid-training and the task is retried (the job of
+try 1 is stopped, try 2 resumes from the latest checkpoint into the same MLflow run), and a worker
+process dies (the worker group restarts from the checkpoint, FailureConfig); both run with Ray
 Train's worker group (``worker_group="job"``) and with a warm one (``"shared"``: the stopped job's
-lease lapses and its group is retired; a killed worker retires its group and a fresh one resumes).
-Both runs must end with exactly the configured number of epochs. The Airflow task context is the
-small stand-in from ``test_ray_jobs``; Ray, Ray Train and MLflow are real.
+lease ends and its group is retired; a killed worker retires its group and a fresh one resumes).
+Third, a job's driver is killed outright while its warm call runs: the retry waits for the
+abandoned call's group to retire before it trains the run. Every run must end with exactly the
+configured number of epochs. The Airflow task context is the small stand-in from
+``test_ray_jobs``; Ray, Ray Train and MLflow are real.
 """
 
 from __future__ import annotations
@@ -159,6 +161,42 @@ def test_a_killed_worker_is_restarted_from_its_checkpoint(
     worker.join(timeout=600)
     assert outcome["epochs_completed"] == EPOCHS
     assert outcome["final_metrics"]["start_epoch"] > 0
+
+
+def test_a_retry_after_its_job_driver_was_killed_waits_for_the_abandoned_warm_call_then_resumes(
+    ray_conn, mlflow_conn, staged, tmp_path
+):
+    """The job's driver is SIGKILLed (an OOM kill, a lost node: no ``finally`` runs) while its loop
+    runs in a warm group: the call runs on without it until its lease lapses. An immediate retry
+    must not train the same run meanwhile (two writers of its checkpoints, epochs no driver logged):
+    it waits for the abandoned group to retire, then resumes, and every epoch is in MLflow once.
+    Enough epochs that the abandoned call still writes checkpoints when the retry starts."""
+    from tests.integration.test_train_group import live_groups
+
+    epochs = 30
+    hook = RayHook(ray_conn)
+    first = FakeTaskInstance("train", try_number=1)
+    op = make_operator(staged, tmp_path, {"epochs": epochs}, worker_group="shared")
+    identity = TaskIdentity.from_context({"ti": first})
+    op._submission_id = op._reattach_or_submit(identity, op.job_payload({"ds": "2026-11-05"}, identity), {})
+    wait_for_reported_epoch(
+        Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name, mlflow_conn.tracking_uri
+    )
+    abandoned = live_groups(hook)
+    os.kill(int(hook.get_job(op._submission_id)["driver_info"]["pid"]), signal.SIGKILL)
+    assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "FAILED"
+    assert abandoned and set(abandoned) <= set(live_groups(hook)), (
+        "the abandoned call's group is gone already"
+    )
+
+    retry = FakeTaskInstance("train", try_number=2, run_id=first.run_id)
+    retry_op = make_operator(staged, tmp_path, {"epochs": epochs}, worker_group="shared")
+    result = retry_op.execute({"ti": retry, "ds": "2026-11-05"})
+    assert "still run a call on" in hook.get_job_logs(retry_op._submission_id)  # it waited
+    assert not set(abandoned) & set(live_groups(hook)), "the abandoned group never retired"
+    assert result["epochs_completed"] == epochs
+    # the abandoned call's epochs too: their checkpoints were all written before the retry read them
+    assert epochs_logged(mlflow_conn.tracking_uri, result["mlflow_run_id"]) == list(range(epochs))
 
 
 def test_a_cleared_task_after_its_partition_was_recommitted_trains_on_the_new_data(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emr_ray import batches, partitions, storage
-from emr_ray.jobs import _usage, shards, warm
+from emr_ray.jobs import _usage, shards, train_group, warm
 from emr_ray.jobs import compare as comparing
 from emr_ray.jobs import train_mlflow as tracking
 from emr_ray.jobs._runtime import JobInputError, main
@@ -275,6 +275,8 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     log.info("Planned per-worker shards of %s rows in %.1fs", rows, time.monotonic() - started)
     _usage.lap("plan")
 
+    # a killed job's warm call on this run may still be writing its checkpoints: one writer per run
+    train_group.wait_for_abandoned_calls(storage.join(spec.storage_path, spec.run_name))
     resuming = state.get("mlflow_run_id")
     state = {"fingerprint": print_key, "mlflow_run_id": tracking.start_run(spec, resuming)}
     run_state.write(state)

@@ -13,8 +13,9 @@ each job's loop on them. The loop is the same code (it sees the group through :m
   job's runtime_env less per-job variables (shipped code, packages, Python). Other code, another group.
 - *One job at a time per group*: a job takes a group's lease; another job with the same
   configuration takes another replica, starts one if the cluster has room, or waits
-  (:func:`emr_ray.jobs.warm.serve`). The lease holder's job beats every poll; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job
-  was killed) retires the group, so an abandoned loop never runs on.
+  (:func:`emr_ray.jobs.warm.serve`). The lease holder's job beats every poll; a lease without a beat
+  for ``LEASE_TIMEOUT_S`` (its job was killed) retires the group, so an abandoned loop never runs on;
+  until then no other job trains the same run (:func:`wait_for_abandoned_calls`): one writer per run.
 - *Idle timeout*, *gives way* to jobs that need its CPUs (``release_if_idle``), like a Spark session.
 - *Never reused after a failure*: a call that fails retires the group (its workers may be stuck in a
   collective); the job restarts in a fresh group from the latest checkpoint, up to ``max_failures``
@@ -43,6 +44,8 @@ NAMESPACE = "emr_ray_train_groups"
 NAME_PREFIX = warm.POOLS[NAMESPACE]
 #: a lease whose job has not polled for this long is abandoned (the job was killed)
 LEASE_TIMEOUT_S = 30.0
+#: how long a training job waits for an abandoned call on its run to end (lease lapse, then retirement)
+ABANDONED_WAIT_S = LEASE_TIMEOUT_S + 30.0
 #: how long a new group waits for its workers' resources before it gives up
 PLACEMENT_TIMEOUT_S = 300.0
 
@@ -173,6 +176,7 @@ class WarmTrainGroup:
         self.gpus = resources.get("GPU", 0.0) * workers
         self.calls = 0
         self.lease: str | None = None
+        self.run_uri: str | None = None  # the leased call's run: its checkpoints' folder
         self.beat = time.monotonic()
         self.retired = False
         self.last_used = time.monotonic()
@@ -180,8 +184,9 @@ class WarmTrainGroup:
         threading.Thread(target=self._watch, name="idle-and-lease", daemon=True).start()
         log.info("Warm worker group %s: %d worker(s) ready in %.1fs", name, workers, self.start_seconds)
 
-    def acquire(self, wait_s: float) -> dict[str, Any] | None:
-        """The lease and the workers, or None if another job still holds the lease after ``wait_s``."""
+    def acquire(self, wait_s: float, run_uri: str | None = None) -> dict[str, Any] | None:
+        """The lease (for a call on ``run_uri``) and the workers, or None if another job still holds
+        the lease after ``wait_s``."""
         with self._cond:
             deadline = time.monotonic() + wait_s
             while self.lease is not None and not self.retired and time.monotonic() < deadline:
@@ -190,7 +195,7 @@ class WarmTrainGroup:
                 raise warm.PoolRetired(f"Warm worker group {self.name} is stopping")
             if self.lease is not None:
                 return None
-            self.lease, self.beat = uuid.uuid4().hex, time.monotonic()
+            self.lease, self.beat, self.run_uri = uuid.uuid4().hex, time.monotonic(), run_uri
             return {"lease": self.lease, "workers": self.workers, "calls": self.calls,
                     "start_seconds": self.start_seconds, "cpus": self.cpus, "gpus": self.gpus}  # fmt: skip
 
@@ -205,7 +210,7 @@ class WarmTrainGroup:
         """End the lease; a failed call retires the group. Returns the calls served."""
         with self._cond:
             if lease == self.lease:
-                self.lease = None
+                self.lease, self.run_uri = None, None
                 self.calls += 1
                 self.last_used = time.monotonic()
                 if not ok:
@@ -215,6 +220,11 @@ class WarmTrainGroup:
         if stop:
             threading.Thread(target=self._stop, daemon=True).start()
         return self.calls
+
+    def serving(self) -> str | None:
+        """The run whose call holds the lease (None when idle)."""
+        with self._cond:
+            return self.run_uri if self.lease is not None else None
 
     def release_if_idle(self) -> bool:
         """Stop and exit if no job holds the lease (another job needs the cluster's CPUs)."""
@@ -289,7 +299,7 @@ def fit_shared(
     import ray
 
     runtime_env = warm.pool_runtime_env(job_runtime_env)
-    lease = _lease(group_key(scaling, runtime_env), scaling, idle_timeout_s, runtime_env)
+    lease = _lease(group_key(scaling, runtime_env), scaling, idle_timeout_s, runtime_env, run_uri)
     group, workers, name = lease.pop("group"), lease["workers"], lease["name"]
     began, ok, seen = time.time(), False, 0
     try:
@@ -327,7 +337,7 @@ def fit_shared(
 
 
 def _lease(
-    key: str, scaling: dict[str, Any], idle_timeout_s: float, runtime_env: dict[str, Any]
+    key: str, scaling: dict[str, Any], idle_timeout_s: float, runtime_env: dict[str, Any], run_uri: str
 ) -> dict[str, Any]:
     """A free group's lease: a live replica's, or a new group's when all are busy and the cluster
     has room for it (else wait for one)."""
@@ -342,7 +352,7 @@ def _lease(
             .remote(name, scaling, idle_timeout_s)
         )  # fmt: skip
         try:
-            lease = ray.get(group.acquire.remote(0.0))
+            lease = ray.get(group.acquire.remote(0.0, run_uri))
         except ray.exceptions.RayTaskError as e:
             if not isinstance(e.cause, warm.PoolRetired):
                 raise
@@ -363,3 +373,36 @@ def _lease(
 def groups() -> list[str]:
     """The names of the live warm worker groups."""
     return warm.pools(NAMESPACE)
+
+
+def wait_for_abandoned_calls(run_uri: str, timeout_s: float = ABANDONED_WAIT_S) -> list[str]:
+    """Wait until no warm group runs a call on ``run_uri``; returns the groups waited for.
+
+    A job killed outright (SIGKILL, a lost node) leaves its call running in the group until the
+    lease lapses and the group retires. A retry that trained the same run meanwhile, in any group or
+    in Ray Train's, would be a second writer of its checkpoints (and would resume from checkpoints
+    whose epochs no driver logged), so every training job waits here first. A group still serving
+    the run after ``timeout_s`` (a job that is alive) fails this one; an Airflow retry tries again.
+    """
+    import ray
+
+    serving: list[str] = []
+    for name in groups():
+        try:
+            group = ray.get_actor(name, namespace=NAMESPACE)
+            if ray.get(group.serving.options(concurrency_group="control").remote(), timeout=30) == run_uri:
+                serving.append(name)
+        except Exception:  # gone meanwhile, or starting (it serves nobody yet)
+            continue
+    if not serving:
+        return []
+    log.warning("Warm worker group(s) %s still run a call on %s (a killed job's: its lease lapses within "
+                "%.0fs); waiting for them to stop, so that the run has one writer", ", ".join(serving), run_uri,
+                LEASE_TIMEOUT_S)  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    for name in serving:
+        warm.wait_gone(name, NAMESPACE, timeout=max(deadline - time.monotonic(), 0.0))
+    if alive := [name for name in serving if warm.exists(name, NAMESPACE)]:
+        raise RuntimeError(f"Warm worker group(s) {', '.join(alive)} still train {run_uri} after "
+                           f"{timeout_s:.0f}s: another job trains this run; stop it, or retry later.")  # fmt: skip
+    return serving
