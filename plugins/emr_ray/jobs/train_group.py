@@ -386,13 +386,22 @@ def wait_for_abandoned_calls(run_uri: str, timeout_s: float = ABANDONED_WAIT_S) 
     """
     import ray
 
-    serving: list[str] = []
+    asked: dict[str, Any] = {}
     for name in groups():
         try:
-            group = ray.get_actor(name, namespace=NAMESPACE)
-            if ray.get(group.serving.options(concurrency_group="control").remote(), timeout=30) == run_uri:
+            asked[name] = (
+                ray.get_actor(name, namespace=NAMESPACE).serving.options(concurrency_group="control").remote()
+            )
+        except ValueError:  # gone meanwhile
+            continue
+    # a group still starting (placing its workers) answers only when started: it serves nobody yet
+    answered, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=2.0) if asked else ([], [])
+    serving: list[str] = []
+    for name, ref in asked.items():
+        try:
+            if ref in answered and ray.get(ref) == run_uri:
                 serving.append(name)
-        except Exception:  # gone meanwhile, or starting (it serves nobody yet)
+        except Exception:  # died meanwhile
             continue
     if not serving:
         return []
