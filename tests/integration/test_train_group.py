@@ -19,13 +19,14 @@ from tests.integration.test_train_resume import staged as staged  # the fixture
 pytestmark = pytest.mark.integration
 
 
-def live_groups(hook: RayHook) -> list[str]:
-    """Names of the live warm worker groups (their coordinators), from the cluster's state API."""
+def live_groups(hook: RayHook, field: str = "name") -> list[str]:
+    """Names (or another ``field``, e.g. ``actor_id``) of the live warm worker groups (their
+    coordinators), from the cluster's state API."""
     params = {"filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE", "detail": "true"}
     response = hook._request("GET", "/api/v0/actors", params=params)
     assert response is not None
     actors = response.json()["data"]["result"]["result"]
-    return sorted(a["name"] for a in actors if a.get("class_name") == "WarmTrainGroup")
+    return sorted(a[field] for a in actors if a.get("class_name") == "WarmTrainGroup")
 
 
 def checkpoint_epochs(path: str, options: storage.StorageOptions | None = None) -> list[int]:

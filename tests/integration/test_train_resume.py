@@ -182,18 +182,16 @@ def test_a_retry_after_its_job_driver_was_killed_waits_for_the_abandoned_warm_ca
     wait_for_reported_epoch(
         Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name, mlflow_conn.tracking_uri
     )
-    abandoned = live_groups(hook)
+    abandoned = live_groups(hook, "actor_id")  # a fresh group may take the same name
     os.kill(int(hook.get_job(op._submission_id)["driver_info"]["pid"]), signal.SIGKILL)
     assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "FAILED"
-    assert abandoned and set(abandoned) <= set(live_groups(hook)), (
-        "the abandoned call's group is gone already"
-    )
+    assert abandoned and set(abandoned) <= set(live_groups(hook, "actor_id")), "its group is gone already"
 
     retry = FakeTaskInstance("train", try_number=2, run_id=first.run_id)
     retry_op = make_operator(staged, tmp_path, {"epochs": epochs}, worker_group="shared")
     result = retry_op.execute({"ti": retry, "ds": "2026-11-05"})
     assert "still run a call on" in hook.get_job_logs(retry_op._submission_id)  # it waited
-    assert not set(abandoned) & set(live_groups(hook)), "the abandoned group never retired"
+    assert not set(abandoned) & set(live_groups(hook, "actor_id")), "the abandoned group never retired"
     assert result["epochs_completed"] == epochs
     # the abandoned call's epochs too: their checkpoints were all written before the retry read them
     assert epochs_logged(mlflow_conn.tracking_uri, result["mlflow_run_id"]) == list(range(epochs))
