@@ -40,9 +40,10 @@ and ``warm`` (both warm: the Spark session and a training worker group that outl
 :mod:`emr_ray.jobs.train_group`). Each contender gets a warm-up run, then its sizes; one contender
 after the other (alternating them would have one contender's cold jobs evict the other's idle warm
 pools on a small cluster). Each contender also sets how long its Ray tasks watch their job before
-deferring (:data:`DEFER_AFTER`, the DAGs' ``emr_ray_defer_after`` Variable): 0 on the cold path, as
-before issue 17, 30 s on the others; ``warm_defer_at_once`` is ``warm`` deferring at once. The table at the end puts whole runs, each task's fixed part and the
-backfills side by side with their ratios. The head has 3 CPUs by default: a warm session's executor
+deferring (:data:`DEFER_AFTER`, the DAGs' ``emr_ray_defer_after`` Variable): ``warm`` watches 30 s,
+``warm_defer_at_once`` is ``warm`` deferring at once (the DAGs' default since it measured faster in
+the backfill), ``job`` defers at once as before issue 17. The table at the end puts whole runs, each
+task's fixed part and the backfills side by side with their ratios. The head has 3 CPUs by default: a warm session's executor
 (1) and the 2 training workers fit at once (on 2 CPUs each warm pool releases the other for every
 task, and the warm paths cost about what ``job`` does). Each backfill's ``ray_cluster`` pool is sized
 for its path (:func:`pool_slots`): one Ray task at a time on the cold path, two (a preprocessing and
@@ -88,7 +89,7 @@ CONTENDERS = {
 }
 #: how long each contender's Ray tasks watch their job before deferring (the DAGs'
 #: ``emr_ray_defer_after`` Variable, set in the environment of its runs): the path before issue 17
-#: deferred at once; ``warm_defer_at_once`` shows what the watch alone saves
+#: deferred at once; ``warm`` against ``warm_defer_at_once`` shows what watching does
 DEFER_AFTER = {"job": 0, "shared": 30, "warm": 30, "warm_defer_at_once": 0}
 
 

@@ -119,9 +119,10 @@ SPARK_IDLE_TIMEOUT_TEMPLATE = "{{ var.value.get('emr_ray_spark_idle_timeout', 60
 
 
 #: how long a Ray task watches its job before deferring: the ``emr_ray_defer_after`` Variable
-#: (seconds), 30 by default. A warm pool's call (seconds) then ends in its task, without the
-#: triggerer's round trip and the second task start that resumes it; a longer job defers then
-DEFER_AFTER_TEMPLATE = "{{ var.value.get('emr_ray_defer_after', 30) }}"
+#: (seconds), 0 by default (defer at once). Watching saves a short job the triggerer's round trip
+#: and the second task start, but holds a worker slot meanwhile: in a live backfill on 2 cores and
+#: 4 worker slots, 30 s of watching made it slower (253 s against 178 s; bench/results/SUMMARY.md)
+DEFER_AFTER_TEMPLATE = "{{ var.value.get('emr_ray_defer_after', 0) }}"
 
 
 #: where the training's loop runs, from the run's ``worker_group`` Param

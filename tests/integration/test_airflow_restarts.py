@@ -92,8 +92,8 @@ def gone(pid: int) -> bool:
 
 @pytest.fixture
 def defer_at_once(api):
-    """The ``emr_ray_defer_after`` Variable at 0 for one test: its Ray tasks defer right after
-    submitting, as a long job would (the DAGs' default watches a job for 30 s first)."""
+    """The ``emr_ray_defer_after`` Variable at 0 for one test (the DAGs' default, set explicitly):
+    its Ray tasks defer right after submitting, whatever the default becomes."""
     api.call("POST", "/api/v2/variables", {"key": "emr_ray_defer_after", "value": "0"})
     yield
     api.call("DELETE", "/api/v2/variables/emr_ray_defer_after")
