@@ -113,9 +113,10 @@ class RayJobOperator(BaseOperator):
     :param defer_after: with ``deferrable``, watch the job from the task for this long before
         deferring (seconds or timedelta, templated; default 0: defer at once). A job that ends by
         then finishes in the same task process, without the trigger's round trip and the second
-        task start that resumes it: for a job of a few seconds (a warm pool's call) that is most of
-        its task's time. A job still running then defers as usual (its log continues where the task
-        left it).
+        task start that resumes it; a job still running then defers as usual (its log continues
+        where the task left it). The task holds its worker slot while it watches: worth it only
+        where worker slots are plentiful (a live backfill with 4 slots ran slower watching 30 s:
+        ``bench/results/SUMMARY.md``).
     :param cos_conn_id: the ``cos`` connection used when the spec names ``cos://`` URIs; its endpoint
         goes into the spec, its credentials only into the job's environment.
     :param hdfs_conn_id: a ``webhdfs`` connection (the Apache HDFS provider's type) used when the spec
