@@ -7,7 +7,8 @@ Train's worker group (``worker_group="job"``) and with a warm one (``"shared"``:
 lease ends and its group is retired; a killed worker retires its group and a fresh one resumes).
 Third, a job's driver is killed outright while its warm call runs: the retry waits for the
 abandoned call's group to retire before it trains the run. Every run must end with exactly the
-configured number of epochs. The Airflow task context is the small stand-in from
+configured number of epochs. COS (the stand-in) throttling and answering late while checkpoints are
+uploaded is ridden out by both groups. The Airflow task context is the small stand-in from
 ``test_ray_jobs``; Ray, Ray Train and MLflow are real.
 """
 
@@ -231,16 +232,19 @@ def staged_table(committed: partitions.Committed):
     return pa.concat_tables([pq.read_table(path) for path in paths])
 
 
+@pytest.mark.parametrize("worker_group", ["job", "shared"])
 def test_cos_throttling_and_slow_answers_during_checkpoint_writes_do_not_break_training(
-    ray_conn, mlflow_conn, cos_server, cos_conn, staged
+    ray_conn, mlflow_conn, cos_server, cos_conn, staged, worker_group
 ):
-    """Checkpoints to COS (the stand-in) while it answers 503 SlowDown and serves late: Ray Train's
-    uploads go through the provider's pyarrow filesystem, which retries; the run completes and its
-    best checkpoint is whole."""
+    """Checkpoints to COS (the stand-in) while it answers 503 SlowDown and serves late: the uploads
+    (Ray Train's, or a warm group's call) go through the provider's pyarrow filesystem, which
+    retries; the run completes, every epoch reaches MLflow once, and its best checkpoint is whole."""
     from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
 
     storage_root = f"cos://{BUCKET}/ckpt-{uuid.uuid4().hex[:8]}"
-    op = make_operator(staged, Path("/unused"), config_overrides={"epochs": 2}, num_workers=1)
+    op = make_operator(
+        staged, Path("/unused"), config_overrides={"epochs": 2}, num_workers=1, worker_group=worker_group
+    )
     op.storage_path = storage_root
     ti = FakeTaskInstance("train")
     outcome: dict = {}
@@ -255,6 +259,7 @@ def test_cos_throttling_and_slow_answers_during_checkpoint_writes_do_not_break_t
     cos_server.clear_faults()
     worker.join(timeout=600)
     assert outcome.get("epochs_completed") == 2, outcome
+    assert epochs_logged(mlflow_conn.tracking_uri, outcome["mlflow_run_id"]) == [0, 1]
     options = storage.StorageOptions(endpoint_override=cos_server.endpoint, scheme="http", region=REGION,
                                      access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
     fsys, path = storage.resolve(outcome["checkpoint_uri"], options)
