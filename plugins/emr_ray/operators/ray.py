@@ -418,6 +418,7 @@ class RayJobOperator(BaseOperator):
         if event["status"] == "success":
             self._lineage_result = event["result"]  # both wait paths end here: what lineage reports
             self.report_usage(event["result"])
+            self.log_outcome(event["result"])
             return event["result"]
         reason = event.get("reason")
         message = (
@@ -449,6 +450,10 @@ class RayJobOperator(BaseOperator):
 
         if isinstance(result, Mapping) and isinstance(result.get("usage"), Mapping):
             self.log.info("Used: %s", summary(result["usage"]))
+
+    def log_outcome(self, result: Mapping[str, Any]) -> None:
+        """Log what a successful job produced; subclasses say what matters in their results (both wait
+        paths, polling and deferred, end in :meth:`_finish`, which calls this)."""
 
     def execute_complete(
         self, context: Any, event: dict[str, Any], log_lines_printed: int = 0

@@ -119,16 +119,7 @@ class RLlibTrainOperator(MLflowJobOperator):
             evaluation_episodes=int(self.evaluation_episodes),
         )
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        return self._logged(super().execute(context))
-
-    def execute_complete(
-        self, context: Any, event: dict[str, Any], log_lines_printed: int = 0
-    ) -> dict[str, Any]:
-        return self._logged(super().execute_complete(context, event, log_lines_printed))
-
-    def _logged(self, result: dict[str, Any]) -> dict[str, Any]:
-        """Log the outcome (both wait paths, polling and deferred, end here)."""
+    def log_outcome(self, result: Mapping[str, Any]) -> None:
         final = result.get("final_metrics", {})
         for metric in ("episode_return_mean", "eval_episode_return_mean"):
             if metric in final:
@@ -140,7 +131,6 @@ class RLlibTrainOperator(MLflowJobOperator):
             result.get("mlflow_run_id"),
             result.get("checkpoint_uri"),
         )
-        return result
 
 
 def _natives(values: Mapping[str, Any]) -> dict[str, Any]:

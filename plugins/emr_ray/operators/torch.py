@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from emr_ray.identity import TaskIdentity
@@ -158,16 +158,7 @@ class TorchTrainOperator(MLflowJobOperator):
             return None
         return CompareSection(model_name=name, alias=self.compare_alias)
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        return self._logged(super().execute(context))
-
-    def execute_complete(
-        self, context: Any, event: dict[str, Any], log_lines_printed: int = 0
-    ) -> dict[str, Any]:
-        return self._logged(super().execute_complete(context, event, log_lines_printed))
-
-    def _logged(self, result: dict[str, Any]) -> dict[str, Any]:
-        """Log the outcome (both wait paths, polling and deferred, end here)."""
+    def log_outcome(self, result: Mapping[str, Any]) -> None:
         for epoch_metric in ("test_accuracy", "test_loss"):
             if epoch_metric in result.get("final_metrics", {}):
                 self.log.info("Final %s: %.4f", epoch_metric, result["final_metrics"][epoch_metric])
@@ -187,7 +178,6 @@ class TorchTrainOperator(MLflowJobOperator):
                 comparison["champion"],
                 comparison["challenger"],
             )
-        return result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the pinned generation outputs in, the MLflow run's model out (never raises)."""

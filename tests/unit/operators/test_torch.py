@@ -79,3 +79,19 @@ def test_the_mlflow_login_goes_to_the_job_secrets_and_never_into_the_spec(monkey
     }
     assert "pw-unit-torch-4" not in json.dumps(spec)
     assert spec["mlflow"]["tracking_uri"] == conn["host"]
+
+
+def test_a_finished_job_logs_its_final_metrics_run_and_comparison(capsys) -> None:
+    """Both wait paths (polling, and the resumed deferral) end in ``_finish``: the outcome is logged there."""
+    result = {
+        "final_metrics": {"test_accuracy": 0.91234, "test_loss": 0.25},
+        "mlflow_run_id": "r1",
+        "checkpoint_uri": "file:///ck/run/checkpoint_000004",
+        "comparison": {"model_name": "tabular-mlp", "alias": "champion", "champion_version": "3",
+                       "rows": 40, "champion": {"accuracy": 0.8}, "challenger": {"accuracy": 0.9}},
+    }  # fmt: skip
+    assert make()._finish({"submission_id": "s1", "status": "success", "result": result}) == result
+    logged = capsys.readouterr().out  # the task logger writes to stdout
+    assert "Final test_accuracy: 0.9123" in logged
+    assert "MLflow run r1, best checkpoint file:///ck/run/checkpoint_000004" in logged
+    assert "On the same 40 test rows: champion v3" in logged
