@@ -45,6 +45,13 @@ def scoped_environ(values: Mapping[str, str], *, clear: Iterable[str] = ()) -> I
                 os.environ[key] = value
 
 
+def credentials(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The MLflow credential variables set in ``env`` (default ``os.environ``), to pass to one call
+    in another process (which sets them with :func:`scoped_environ`)."""
+    env = os.environ if env is None else env
+    return {key: env[key] for key in CREDENTIAL_ENV_VARS if env.get(key)}
+
+
 def refusal(error: BaseException) -> int | None:
     """
     401 or 403 when ``error`` is MLflow refusing the request's credentials, else None.

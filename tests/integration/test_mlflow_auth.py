@@ -209,6 +209,30 @@ def test_the_password_is_not_in_the_job_info_of_the_jobs_api(conns: AuthMLflowSe
     assert conns.user[1] not in json.dumps(job), json.dumps(job.get("runtime_env"))[:2000]
 
 
+def test_a_warm_group_logs_and_compares_with_the_login_and_keeps_none_of_it(
+    conns: AuthMLflowServer, flow: Flow, staged, tmp_path: Path
+) -> None:
+    """With ``worker_group="shared"`` the warm group's rank 0 logs the model and scores the champion
+    (``jobs/train_finish.py``) with the job's login, which reaches it with that call only (removed
+    after it: ``tests/unit/jobs/test_train_group.py``) and shows in no job info or log."""
+    op = train_op(staged, tmp_path)
+    op.worker_group, op.compare_with_model = "shared", MODEL
+    ti = FakeTaskInstance("train_warm")
+    trained = op.execute({"ti": ti, "ds": PARTITION})  # type: ignore[arg-type]
+
+    assert trained["worker_group"]["name"]
+    comparison = trained["comparison"]
+    assert comparison["champion_version"] == "1" and comparison["rows"] == 100, comparison
+    assert set(comparison["champion"]) == set(comparison["challenger"]) >= {"test_accuracy"}
+    with conns.logged_in(*conns.user):
+        run = client(conns).get_run(trained["mlflow_run_id"])
+        logged = client(conns).search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["compare.champion_version"] == "1"
+    assert [m.name for m in logged if m.source_run_id == run.info.run_id] == ["model"]
+    job = RayHook().get_job(op._submission_id)
+    assert conns.user[1] not in json.dumps(job) + RayHook().get_job_logs(op._submission_id)
+
+
 # ---------------------------------------------------------------------- refusals
 def test_an_anonymous_connection_is_refused_at_once_naming_it(conns: AuthMLflowServer, flow: Flow) -> None:
     register = MLflowRegisterOperator(

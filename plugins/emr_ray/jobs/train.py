@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from emr_ray import batches, partitions, storage
-from emr_ray.jobs import _usage, shards, train_group, warm
+from emr_ray import partitions, storage
+from emr_ray.jobs import _usage, shards, train_finish, train_group, warm
 from emr_ray.jobs import compare as comparing
 from emr_ray.jobs import train_mlflow as tracking
 from emr_ray.jobs._runtime import JobInputError, main
@@ -184,7 +184,11 @@ class Fitted:
 
 
 def fit_and_log(trainer, spec: TrainJobSpec, plan: dict[str, Any], options, mlflow_run_id: str) -> Fitted:
-    """Fit, then log the best checkpoint's model, the loss curve and the final metrics; mark the run."""
+    """Fit, then log the best checkpoint's model, the loss curve and the final metrics; mark the run.
+
+    A warm group logs the model and compares with the champion on its rank 0 within the fit
+    (:mod:`emr_ray.jobs.train_finish`); after Ray Train's fit, this driver does.
+    """
     mlflow_client = tracking.client(spec)
     try:
         started = time.monotonic()
@@ -196,17 +200,11 @@ def fit_and_log(trainer, spec: TrainJobSpec, plan: dict[str, Any], options, mlfl
         best = best or result.checkpoint
         if best is None:
             raise RuntimeError(f"Training {spec.run_name} finished without a checkpoint; nothing to log.")
-        example_set = plan["datasets"]["test" if "test" in plan["datasets"] else "train"]
-        model = tracking.log_model(
-            spec,
-            mlflow_run_id,
-            best,
-            _input_example(example_set, spec.config, options),
-            shards.dataset_reader(plan, options),
-        )
-        tracking.log_loss_curve(mlflow_client, mlflow_run_id, spec.run_name)
-        # the champion and this model on the same test rows, before the run is FINISHED (jobs/compare.py)
-        comparison = comparing.with_champion(spec, plan, options, mlflow_run_id, model)
+        finished = getattr(result, "finished", None)  # a warm group's rank 0 logged and compared
+        if finished is not None:
+            comparison = finished["comparison"]
+        else:
+            comparison = train_finish.log_and_compare(spec, plan, options, mlflow_run_id, best)
         final = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
         for key in ("test_accuracy", "test_loss"):
             if key in final:
@@ -301,23 +299,6 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
         output["worker_group"] = fitted.result.group
     run_state.write(state | {"result": output})
     return output
-
-
-def _input_example(entry: dict[str, Any], config: dict[str, Any], options: storage.StorageOptions):
-    """Three rows of the model's input, for the logged model's signature and input example.
-
-    Only for a model with one declared input (MLflow's torch flavour passes one tensor); a model with
-    several inputs describes what it takes through its module's ``serving_model``.
-    """
-    if not batches.declares_batches(config):
-        return None
-    contract = batches.batch_spec(config)
-    if len(contract.inputs) != 1:
-        return None
-    only = contract.inputs[0]
-    pieces = [shards.Piece(entry["files"][0][0], 0, min(3, int(entry["files"][0][1])))]
-    table = shards.read(pieces, storage.filesystem(entry["uri"], options), list(only.columns))
-    return only.tensor(table).numpy()
 
 
 if __name__ == "__main__":

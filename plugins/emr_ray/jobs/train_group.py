@@ -131,6 +131,26 @@ class TrainWorker:
             warm.CallLog.detach()
         return {"log": lines, "reports": len(self.reports)}
 
+    def after_fit(self, call: str, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+        """Run ``fn`` (an import path) once after this call's loop, with ``env`` (the job's MLflow
+        credentials) in the environment for this call only; returns its value and its log lines.
+
+        The job's last step runs here rather than in its fresh driver (``jobs/train_finish.py``): this
+        process outlives the job, so what a first model log imports and checks, it does once.
+        """
+        from emr_ray.mlflow_auth import scoped_environ
+        from emr_ray.spec import import_by_path
+
+        if call != self.call:
+            raise RuntimeError(f"after_fit for call {call}, but this worker last ran call {self.call}")
+        lines = warm.CallLog.attach()
+        try:
+            with scoped_environ(env):
+                value = import_by_path(fn)(**kwargs)
+        finally:
+            warm.CallLog.detach()
+        return {"value": value, "log": lines}
+
     def reports_since(self, call: str, seen: int) -> list[dict[str, Any]]:
         """This call's reports after the first ``seen`` (none while an earlier call's are still held)."""
         return self.reports[seen:] if call == self.call else []
@@ -292,10 +312,16 @@ def fit_shared(
     on_report: Callable[[dict[str, Any]], None],
     idle_timeout_s: float,
     job_runtime_env: Mapping[str, Any],
+    after: Callable[[Callable[..., Any]], Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``train_loop`` once on the warm group for ``scaling`` (started if there is none), from the
     checkpoint ``resume_path()`` names; ``on_report`` gets rank 0's reports as they come. Returns the
-    group's figures for the call. Raises :class:`GroupFailed` (group retired) when a worker fails."""
+    group's figures for the call. Raises :class:`GroupFailed` (group retired) when a worker fails.
+
+    ``after(run_on_rank0)``, when given, runs once the loop has succeeded, still within the lease:
+    ``run_on_rank0(fn, kwargs, env)`` runs ``fn`` on rank 0 (:meth:`TrainWorker.after_fit`) and returns
+    its value; what ``after`` returns is the result's ``after``. Its errors are the job's, not the
+    group's: they end the call without retiring the group (unless rank 0 died)."""
     import ray
 
     runtime_env = warm.pool_runtime_env(job_runtime_env)
@@ -322,7 +348,22 @@ def fit_shared(
                 break
             group.heartbeat.options(concurrency_group="control").remote(lease["lease"])
         outs = ray.get(refs)
-        ok = True
+        ok = True  # the loop ran: what follows is the job's step, which leaves the group sound
+
+        def run_on_rank0(fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+            nonlocal ok
+            ref = workers[0].after_fit.remote(call, fn, kwargs, env)
+            while not ray.wait([ref], timeout=1.0)[0]:
+                group.heartbeat.options(concurrency_group="control").remote(lease["lease"])
+            try:
+                done = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                ok = False
+                raise
+            outs[0]["log"].extend(done["log"])
+            return done["value"]
+
+        finished = after(run_on_rank0) if after is not None else None
     finally:
         try:
             calls = ray.get(group.finish.options(concurrency_group="control").remote(lease["lease"], ok))
@@ -332,7 +373,7 @@ def fit_shared(
     return {
         "name": name, "calls": calls, "reused": lease["calls"] > 0, "start_seconds": lease["start_seconds"],
         "cpus": lease["cpus"], "gpus": lease["gpus"], "call_started_at": began, "call_ended_at": time.time(),
-        "log": outs[0]["log"],
+        "log": outs[0]["log"], "after": finished,
     }  # fmt: skip
 
 

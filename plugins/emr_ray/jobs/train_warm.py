@@ -6,6 +6,9 @@ and returns what ``fit_and_log`` reads from a Ray Train result (metrics, the lat
 checkpoints). What Ray Train does around a fit, it does here: each epoch's report is printed and
 logged to MLflow as it arrives, the checkpoints are kept by the spec's score, and a failed group is
 replaced by a fresh one that resumes from the latest checkpoint, up to ``max_failures`` times.
+After the loop, still within the lease, rank 0 logs the best checkpoint's model and compares it with
+the champion (:mod:`emr_ray.jobs.train_finish`): its process outlives the job, so what a first model
+log costs (2-3 s) it pays once, not once per job.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from emr_ray import storage
+from emr_ray import mlflow_auth, storage
 from emr_ray.jobs import _usage, shards, train_group
 from emr_ray.jobs import train_mlflow as tracking
 from emr_ray.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
 from emr_ray.spec import TrainJobSpec
 
 log = logging.getLogger("emr_ray.jobs.train")
+#: the job's last step, run on rank 0 after the loop
+FINISH = "emr_ray.jobs.train_finish:log_and_compare_stored"
 
 
 @dataclass
@@ -32,6 +37,8 @@ class WarmFitResult:
     best_checkpoints: list[tuple[StoredCheckpoint, dict[str, Any]]]
     group: dict[str, Any] = field(default_factory=dict)
     error: BaseException | None = None
+    #: what rank 0 did after the loop (``comparison``): the model is logged (jobs/train_finish.py)
+    finished: dict[str, Any] | None = None
 
     def get_best_checkpoint(self, metric: str, mode: str) -> StoredCheckpoint | None:
         """The best kept checkpoint (ranked by the spec's score, which is what the job asks for)."""
@@ -60,6 +67,7 @@ class WarmTrainer:
                     self.options, self.run_uri,
                     resume_path=self._resume_path, on_report=self._on_report,
                     idle_timeout_s=spec.worker_group_idle_timeout_s, job_runtime_env=self.job_runtime_env,
+                    after=self._log_and_compare,
                 )  # fmt: skip
                 break
             except train_group.GroupFailed as e:
@@ -81,7 +89,21 @@ class WarmTrainer:
             checkpoint=latest[0] if latest else None,
             best_checkpoints=kept,
             group={k: group[k] for k in ("name", "calls", "reused", "start_seconds")},
+            finished=group["after"],
         )
+
+    def _log_and_compare(self, run_on_rank0) -> dict[str, Any] | None:
+        """Within the lease: rank 0 logs the best kept checkpoint's model and compares it with the
+        champion, with the job's MLflow credentials for that call only (jobs/train_finish.py)."""
+        kept, latest = self.store.retain(), self.store.latest()
+        best = kept[0][0] if kept else (latest[0] if latest else None)
+        if best is None:
+            return None  # fit_and_log says there is no checkpoint
+        tracking.ensure_credentials()
+        kwargs = {"spec": self.spec, "plan": self.plan, "options": self.options,
+                  "mlflow_run_id": self.mlflow_run_id, "checkpoint_path": best.path}  # fmt: skip
+        comparison = run_on_rank0(FINISH, kwargs, mlflow_auth.credentials())
+        return {"comparison": comparison}
 
     def _resume_path(self) -> str | None:
         latest = self.store.latest()

@@ -139,3 +139,38 @@ def build(config, state):
     model = build_model(config)
     model.load_state_dict(state.model)
     return model
+
+
+def seen_credentials(name: str) -> dict[str, str | None]:
+    """What ``after_fit``'s function sees (called by import path in the specs below)."""
+    import logging
+
+    logging.getLogger("emr_ray.jobs.train").info("logged the model of %s", name)
+    return {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+
+
+def failing_step(name: str) -> None:
+    raise RuntimeError(f"MLflow refused {name}")
+
+
+def test_rank_0s_last_step_sees_the_jobs_credentials_only_during_its_call(monkeypatch):
+    """The job's MLflow login reaches a warm worker with the call and leaves with it, even when the
+    step fails: the worker outlives the job and serves other jobs next."""
+    from emr_ray.jobs.train_group import TrainWorker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    worker = TrainWorker(0, 1, use_gpu=False)
+    worker.call = "call-1"
+    login = {"MLFLOW_TRACKING_USERNAME": "trainer", "MLFLOW_TRACKING_PASSWORD": "s3cret"}
+
+    done = worker.after_fit("call-1", f"{__name__}:seen_credentials", {"name": "run-1"}, login)
+
+    assert done["value"] == login
+    assert any(line.endswith("logged the model of run-1") for line in done["log"])
+    assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
+    with pytest.raises(RuntimeError, match="MLflow refused run-1"):
+        worker.after_fit("call-1", f"{__name__}:failing_step", {"name": "run-1"}, login)
+    assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
+    with pytest.raises(RuntimeError, match="last ran call call-1"):  # never another job's call
+        worker.after_fit("call-2", f"{__name__}:seen_credentials", {"name": "run-2"}, login)
