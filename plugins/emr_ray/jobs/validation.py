@@ -2,7 +2,7 @@
 
 Two passes, cheapest first: the declared schema against the Parquet footers (no Spark needed, so a
 wrong file fails in seconds), then the values (nulls, NaN and infinities in feature columns) in
-one Spark aggregation. Every problem is collected, so one failure names them all.
+one Spark aggregation, which also counts the rows. Every problem is collected, so one failure names them all.
 """
 
 from __future__ import annotations
@@ -41,13 +41,12 @@ def schema_problems(
     return problems
 
 
-def value_problems(df, columns: list[str]) -> list[str]:
-    """Nulls, NaN and infinities in ``columns``, counted in one Spark aggregation."""
+def inspect_values(df, columns: list[str]) -> tuple[int, list[str]]:
+    """The rows, and the nulls, NaN and infinities in ``columns``, counted in one Spark aggregation
+    (each Spark action on a warm session costs a scheduling round, whatever the data's size)."""
     from pyspark.sql import functions as F
 
-    if not columns:
-        return []  # nothing declared finite: nothing to count (Spark refuses an empty aggregation)
-    checks = []
+    checks = [F.count(F.lit(1)).alias("__rows")]
     for c in columns:
         bad_number = F.isnan(F.col(c)) | F.col(c).isin(float("inf"), float("-inf"))
         checks += [F.sum(F.col(c).isNull().cast("int")).alias(f"{c}__null"),
@@ -59,4 +58,4 @@ def value_problems(df, columns: list[str]) -> list[str]:
             problems.append(f"column {c!r} has {counts[f'{c}__null']} null value(s)")
         if counts[f"{c}__nonfinite"]:
             problems.append(f"column {c!r} has {counts[f'{c}__nonfinite']} NaN or infinite value(s)")
-    return problems
+    return int(counts["__rows"]), problems
