@@ -17,7 +17,7 @@ from typing import Any
 from emr_ray import partitions, storage
 from emr_ray.jobs import _usage
 from emr_ray.jobs._runtime import JobInputError, main
-from emr_ray.jobs.validation import inspect_values, schema_problems
+from emr_ray.jobs.validation import schema_problems, value_problems
 from emr_ray.spec import SparkJobSpec, SparkSettings, import_by_path
 
 log = logging.getLogger("emr_ray.jobs.spark")
@@ -97,24 +97,17 @@ def read_partition(spark, uri: str, files: list[str], options: storage.StorageOp
     return paths.mapInArrow(read, schema)
 
 
-def write_output(df, uri: str, options: storage.StorageOptions) -> int:
-    """Write ``df`` as Parquet under ``uri`` (a staging prefix; the caller commits it); returns the
-    rows written.
+def write_output(df, uri: str, options: storage.StorageOptions) -> None:
+    """Write ``df`` as Parquet under ``uri`` (a staging prefix; the caller commits it).
 
-    To COS, each Spark task writes its partition as ``part-<partition>.parquet`` with pyarrow and
-    reports its rows, so the write is the only Spark action: a retried task overwrites its own file,
-    so a retry never adds rows (nor counts them twice). An empty DataFrame still leaves one (empty)
-    file with its schema. Spark's own writer (``file://``, ``hdfs://``) reports no count: the rows
-    are counted from the cached frame it wrote.
+    To COS, each Spark task writes its partition as ``part-<partition>.parquet`` with pyarrow: a
+    retried task overwrites its own file, so a retry never adds rows. An empty DataFrame still
+    leaves one (empty) file with its schema.
     """
     scheme, path = storage.split_uri(uri)
     if scheme != "cos":
-        df = df.cache()
-        try:
-            df.write.mode("overwrite").parquet(storage.qualify(uri, path))
-            return df.count()
-        finally:
-            df.unpersist()
+        df.write.mode("overwrite").parquet(storage.qualify(uri, path))
+        return
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -127,20 +120,17 @@ def write_output(df, uri: str, options: storage.StorageOptions) -> int:
         from pyspark import TaskContext
 
         name = f"{path}/part-{TaskContext.get().partitionId():05d}.parquet"
-        writer, rows = None, 0
+        writer = None
         for batch in batches:
             if batch.num_rows:
                 writer = writer or pq.ParquetWriter(name, batch.schema, filesystem=fsys)
                 writer.write_batch(batch)
-                rows += batch.num_rows
         if writer is not None:
             writer.close()
-            yield pa.RecordBatch.from_pylist([{"file": name, "rows": rows}])
+            yield pa.RecordBatch.from_pylist([{"file": name}])
 
-    written = df.mapInArrow(write, "file string, rows long").collect()
-    if not written:
+    if not df.mapInArrow(write, "file string").collect():
         pq.write_table(arrow_schema.empty_table(), f"{path}/part-00000.parquet", filesystem=fsys)
-    return sum(int(row["rows"]) for row in written)
 
 
 def validate_columns(df, required: list[str], uri: str) -> None:
@@ -281,8 +271,8 @@ def preprocess_partition(
         df = read_partition(spark, input_uri, files, options).cache()
         cached.append(df)
         validate_columns(df, config.get("required_columns", []), input_uri)
-        rows_in, problems = inspect_values(df, config.get("finite_columns", []))
-        _raise_if(problems, input_uri)
+        _raise_if(value_problems(df, config.get("finite_columns", [])), input_uri)
+        rows_in = df.count()
         log.info("Read %d rows from %s", rows_in, input_uri)
         lap("read")
         if rows_in == 0:
@@ -290,10 +280,13 @@ def preprocess_partition(
         outputs = preprocess(df, config)
         if not isinstance(outputs, dict):
             outputs = {"data": outputs}
-        lap("compute")  # what the preprocessing computes eagerly (statistics); the rest runs in the writes
         written: dict[str, Any] = {}
         for name, out in outputs.items():
-            rows = write_output(out, partitions.output_uri(output_uri, generation, name), options)
+            out = out.cache()
+            cached.append(out)
+            rows = out.count()
+            lap("compute")
+            write_output(out, partitions.output_uri(output_uri, generation, name), options)
             lap("write")
             written[name] = {"rows": rows,
                              "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
