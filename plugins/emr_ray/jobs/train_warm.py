@@ -67,7 +67,7 @@ class WarmTrainer:
                     self.options, self.run_uri,
                     resume_path=self._resume_path, on_report=self._on_report,
                     idle_timeout_s=spec.worker_group_idle_timeout_s, job_runtime_env=self.job_runtime_env,
-                    after=self._log_and_compare,
+                    after=self._finish,
                 )  # fmt: skip
                 break
             except train_group.GroupFailed as e:
@@ -82,28 +82,30 @@ class WarmTrainer:
                       group["call_started_at"], group["call_ended_at"])  # fmt: skip
         log.info("Warm worker group %s: call %d (%s)", group["name"], group["calls"],
                  "warm" if group["reused"] else f"started in {group['start_seconds']:.1f}s")  # fmt: skip
-        kept = self.store.retain()
-        latest = self.store.latest()
+        done = group["after"]  # the run's checkpoints after the loop, read once (_finish)
+        latest = done["latest"]
         return WarmFitResult(
             metrics=self.last or (latest[1] if latest else {}),
             checkpoint=latest[0] if latest else None,
-            best_checkpoints=kept,
+            best_checkpoints=done["kept"],
             group={k: group[k] for k in ("name", "calls", "reused", "start_seconds")},
-            finished=group["after"],
+            finished=done["finished"],
         )
 
-    def _log_and_compare(self, run_on_rank0) -> dict[str, Any] | None:
-        """Within the lease: rank 0 logs the best kept checkpoint's model and compares it with the
-        champion, with the job's MLflow credentials for that call only (jobs/train_finish.py)."""
+    def _finish(self, run_on_rank0) -> dict[str, Any]:
+        """Within the lease, once the loop is done: keep the run's checkpoints by score, then rank 0
+        logs the best one's model and compares it with the champion, with the job's MLflow
+        credentials for that call only (jobs/train_finish.py). Returns the kept checkpoints, the
+        latest and what rank 0 did (None without a checkpoint: fit_and_log says so)."""
         kept, latest = self.store.retain(), self.store.latest()
         best = kept[0][0] if kept else (latest[0] if latest else None)
-        if best is None:
-            return None  # fit_and_log says there is no checkpoint
-        tracking.ensure_credentials()
-        kwargs = {"spec": self.spec, "plan": self.plan, "options": self.options,
-                  "mlflow_run_id": self.mlflow_run_id, "checkpoint_path": best.path}  # fmt: skip
-        comparison = run_on_rank0(FINISH, kwargs, mlflow_auth.credentials())
-        return {"comparison": comparison}
+        finished = None
+        if best is not None:
+            tracking.ensure_credentials()
+            kwargs = {"spec": self.spec, "plan": self.plan, "options": self.options,
+                      "mlflow_run_id": self.mlflow_run_id, "checkpoint_path": best.path}  # fmt: skip
+            finished = {"comparison": run_on_rank0(FINISH, kwargs, mlflow_auth.credentials())}
+        return {"kept": kept, "latest": latest, "finished": finished}
 
     def _resume_path(self) -> str | None:
         latest = self.store.latest()
