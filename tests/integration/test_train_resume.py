@@ -143,25 +143,45 @@ def test_airflow_retry_resumes_from_the_latest_checkpoint(
 def test_a_killed_worker_is_restarted_from_its_checkpoint(
     ray_conn, mlflow_conn, staged, tmp_path, worker_group
 ):
-    import threading
-
+    """Enough epochs that the kill lands in the loop, wherever the first epoch's report is seen."""
+    epochs = 2 * EPOCHS
     ti = FakeTaskInstance("train")
     identity = TaskIdentity.from_context({"ti": ti})
     run_dir = Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name
+    op = make_operator(staged, tmp_path, {"epochs": epochs}, max_failures=2, worker_group=worker_group)
     outcome: dict = {}
-    worker = threading.Thread(
-        target=lambda: outcome.update(
-            make_operator(staged, tmp_path, max_failures=2, worker_group=worker_group).execute({"ti": ti})
-        )
-    )
+    worker = threading.Thread(target=lambda: outcome.update(op.execute({"ti": ti})))
     worker.start()
     wait_for_reported_epoch(run_dir, mlflow_conn.tracking_uri)
     pids = train_worker_pids(RayHook(ray_conn), WORKER_CLASS[worker_group])
     assert pids, "no training worker process found"
     os.kill(pids[0], signal.SIGKILL)
     worker.join(timeout=600)
-    assert outcome["epochs_completed"] == EPOCHS
+    assert outcome["epochs_completed"] == epochs
     assert outcome["final_metrics"]["start_epoch"] > 0
+
+
+def test_a_warm_group_that_lost_a_worker_while_idle_is_never_leased_again(
+    ray_conn, mlflow_conn, staged, tmp_path
+):
+    """A warm group's worker dies between two trainings (an OOM kill, a lost node): the next training
+    is not handed the broken group, so it runs in a fresh one without spending a failure
+    (``max_failures=0``), and its model is logged on the fresh group's rank 0 as usual."""
+    run_id = f"manual__{uuid.uuid4().hex[:8]}"
+    first = make_operator(staged, tmp_path, {"epochs": 1}, worker_group="shared").execute(
+        {"ti": FakeTaskInstance("train_before", run_id=run_id)}
+    )
+    hook = RayHook(ray_conn)
+    for pid in train_worker_pids(hook, WORKER_CLASS["shared"]):  # every idle group loses its workers
+        os.kill(pid, signal.SIGKILL)
+    op = make_operator(staged, tmp_path, {"epochs": 1}, max_failures=0, worker_group="shared")
+    after = op.execute({"ti": FakeTaskInstance("train_after", run_id=run_id)})
+    assert after["epochs_completed"] == 1 and not after["worker_group"]["reused"]
+    assert after["worker_group"]["calls"] == 1, "a group that lost a worker served another call"
+    assert first["mlflow_run_id"] != after["mlflow_run_id"]
+    logs = hook.get_job_logs(op._submission_id)
+    assert "lost a worker while idle; retiring it" in logs and "restarting from the latest" not in logs
+    assert "driver logs the model" not in logs  # the fresh group's rank 0 logged it
 
 
 def test_a_retry_after_its_job_driver_was_killed_waits_for_the_abandoned_warm_call_then_resumes(

@@ -19,7 +19,8 @@ each job's loop on them. The loop is the same code (it sees the group through :m
 - *Idle timeout*, *gives way* to jobs that need its CPUs (``release_if_idle``), like a Spark session.
 - *Never reused after a failure*: a call that fails retires the group (its workers may be stuck in a
   collective); the job restarts in a fresh group from the latest checkpoint, up to ``max_failures``
-  times, as Ray Train does.
+  times, as Ray Train does. A group is leased only when every worker answers (one may die while
+  idle). If rank 0 dies in the job's last step, after the loop, the job's driver does that step.
 - *Credentials per call*: the workers read with the job's storage options, passed with the call;
   the group's environment has no job's secret reference.
 - *Checkpoints* go to the run's folder (:mod:`emr_ray.jobs.train_checkpoints`), so a retry of the
@@ -28,6 +29,7 @@ each job's loop on them. The loop is the same code (it sees the group through :m
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -52,6 +54,11 @@ PLACEMENT_TIMEOUT_S = 300.0
 
 class GroupFailed(RuntimeError):
     """A worker of the group failed during the call (the group is retired)."""
+
+
+class Rank0Lost(RuntimeError):
+    """Rank 0 died during the job's last step, after the loop (the group is retired). The loop's work
+    is whole in the run's checkpoints: the job's driver does the step instead."""
 
 
 def group_key(scaling: Mapping[str, Any], runtime_env: Mapping[str, Any]) -> str:
@@ -150,6 +157,10 @@ class TrainWorker:
         finally:
             warm.CallLog.detach()
         return {"value": value, "log": lines}
+
+    def alive(self) -> bool:
+        """Answers while the process lives: a group is leased only when every worker answers."""
+        return True
 
     def reports_since(self, call: str, seen: int) -> list[dict[str, Any]]:
         """This call's reports after the first ``seen`` (none while an earlier call's are still held)."""
@@ -321,7 +332,8 @@ def fit_shared(
     ``after(run_on_rank0)``, when given, runs once the loop has succeeded, still within the lease:
     ``run_on_rank0(fn, kwargs, env)`` runs ``fn`` on rank 0 (:meth:`TrainWorker.after_fit`) and returns
     its value; what ``after`` returns is the result's ``after``. Its errors are the job's, not the
-    group's: they end the call without retiring the group (unless rank 0 died)."""
+    group's: they end the call without retiring the group. If rank 0 dies meanwhile, the group is
+    retired and ``run_on_rank0`` raises :class:`Rank0Lost`."""
     import ray
 
     runtime_env = warm.pool_runtime_env(job_runtime_env)
@@ -357,9 +369,9 @@ def fit_shared(
                 group.heartbeat.options(concurrency_group="control").remote(lease["lease"])
             try:
                 done = ray.get(ref)
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayActorError as e:
                 ok = False
-                raise
+                raise Rank0Lost(f"Warm worker group {name}: rank 0 died after the loop: {e}") from e
             outs[0]["log"].extend(done["log"])
             return done["value"]
 
@@ -405,10 +417,29 @@ def _lease(
                 raise
             warm.wait_gone(name, NAMESPACE)
             return None
-        return None if lease is None else lease | {"group": group, "name": name}
+        if lease is None:
+            return None
+        if not _workers_alive(lease["workers"]):  # one died while idle (OOM kill, lost node): retire it
+            log.warning("Warm worker group %s lost a worker while idle; retiring it", name)
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                ray.get(group.finish.options(concurrency_group="control").remote(lease["lease"], False))
+            warm.wait_gone(name, NAMESPACE)
+            return None
+        return lease | {"group": group, "name": name}
 
     cpus = bundle(scaling)["CPU"] * int(scaling["num_workers"])
     return warm.serve(NAMESPACE, key, cpus, attempt, what="warm worker group")
+
+
+def _workers_alive(workers: list[Any], timeout_s: float = 30.0) -> bool:
+    """Whether every worker answers (a dead one's call fails at once; a hung one times out)."""
+    import ray
+
+    try:
+        ray.get([w.alive.options(concurrency_group="control").remote() for w in workers], timeout=timeout_s)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
+    return True
 
 
 def groups() -> list[str]:

@@ -96,7 +96,8 @@ class WarmTrainer:
         """Within the lease, once the loop is done: keep the run's checkpoints by score, then rank 0
         logs the best one's model and compares it with the champion, with the job's MLflow
         credentials for that call only (jobs/train_finish.py). Returns the kept checkpoints, the
-        latest and what rank 0 did (None without a checkpoint: fit_and_log says so)."""
+        latest and what rank 0 did (None without a checkpoint: fit_and_log says so, or when rank 0
+        died: the driver logs and compares instead)."""
         kept, latest = self.store.retain(), self.store.latest()
         best = kept[0][0] if kept else (latest[0] if latest else None)
         finished = None
@@ -104,7 +105,10 @@ class WarmTrainer:
             tracking.ensure_credentials()
             kwargs = {"spec": self.spec, "plan": self.plan, "options": self.options,
                       "mlflow_run_id": self.mlflow_run_id, "checkpoint_path": best.path}  # fmt: skip
-            finished = {"comparison": run_on_rank0(FINISH, kwargs, mlflow_auth.credentials())}
+            try:
+                finished = {"comparison": run_on_rank0(FINISH, kwargs, mlflow_auth.credentials())}
+            except train_group.Rank0Lost as e:
+                log.warning("%s; this job's driver logs the model and compares instead", e)
         return {"kept": kept, "latest": latest, "finished": finished}
 
     def _resume_path(self) -> str | None:

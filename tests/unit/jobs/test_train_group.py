@@ -174,3 +174,39 @@ def test_rank_0s_last_step_sees_the_jobs_credentials_only_during_its_call(monkey
     assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
     with pytest.raises(RuntimeError, match="last ran call call-1"):  # never another job's call
         worker.after_fit("call-2", f"{__name__}:seen_credentials", {"name": "run-2"}, login)
+
+
+def test_rank_0_logs_the_best_kept_checkpoint_and_if_it_dies_the_driver_logs_it_instead(tmp_path, plan):
+    """After the loop, rank 0 is asked to log the best checkpoint (by the spec's score). If rank 0
+    dies in that step, the loop's work is whole in the run's folder: the job goes on without rank 0's
+    outcome, and ``fit_and_log`` logs that same checkpoint from the driver."""
+    from pyarrow import fs as pafs
+
+    from emr_ray.jobs.train_group import Rank0Lost
+    from emr_ray.jobs.train_warm import FINISH, WarmTrainer
+    from emr_ray.spec import TrainJobSpec
+    from emr_ray.storage import StorageOptions
+
+    spec = TrainJobSpec(
+        train_loop="include.models.tabular:train_loop", datasets={"train": "file:///d/dt=2026-01-01"},
+        run_name="r", storage_path=f"file://{tmp_path}/ckpt", checkpoint=CheckpointSpec(num_to_keep=1),
+        mlflow={"tracking_uri": "http://127.0.0.1:1", "experiment_name": "e"}, worker_group="shared",
+    )  # fmt: skip
+    for epoch, loss in enumerate([0.5, 0.3, 0.4]):
+        write_checkpoint(pafs.LocalFileSystem(), f"{tmp_path}/ckpt/r", tmp_path, epoch, loss)
+    trainer = WarmTrainer(spec, plan[shards.PLAN_KEY], StorageOptions(), "run-1", {})
+    asked: list = []
+
+    def rank0_logs(fn, kwargs, env):
+        asked.append((fn, kwargs["checkpoint_path"]))
+        return {"champion": None}
+
+    def rank0_dies(fn, kwargs, env):
+        raise Rank0Lost("Warm worker group g: rank 0 died after the loop")
+
+    logged = trainer._finish(rank0_logs)
+    assert asked == [(FINISH, logged["kept"][0][0].path)] and int(logged["kept"][0][1]["epoch"]) == 1
+    assert logged["finished"] == {"comparison": {"champion": None}}
+    died = trainer._finish(rank0_dies)
+    assert died["finished"] is None  # fit_and_log: the driver logs and compares
+    assert int(died["kept"][0][1]["epoch"]) == 1 and int(died["latest"][1]["epoch"]) == 2
