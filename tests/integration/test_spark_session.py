@@ -159,15 +159,18 @@ def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_w
     assert wide["spark_session"]["name"] not in shared_sessions()
 
 
-def test_bad_input_keeps_the_session_a_killed_one_is_replaced_and_an_idle_one_stops(
+def test_two_jobs_at_once_both_finish_bad_input_keeps_the_session_a_killed_one_is_replaced_and_an_idle_one_stops(
     ray_conn, cos_conn, cos_prefix
 ):
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
 
     from emr_ray.hooks.cos import COSHook
 
     hook = COSHook(cos_conn)
     upload(hook, cos_prefix, "2026-10-05")
+    upload(hook, cos_prefix, "2026-10-07")
     bad = make_partition("2026-10-06", ROWS)
     values = bad["f03"].to_numpy().copy()
     values[[3, 9]] = np.nan
@@ -179,14 +182,25 @@ def test_bad_input_keeps_the_session_a_killed_one_is_replaced_and_an_idle_one_st
     )
     tag = uuid.uuid4().hex[:8]
 
-    first = preprocess(cos_prefix, "2026-10-05", "shared", tag, spark_idle_timeout=8)
-    name = first["spark_session"]["name"]
+    # Two jobs at once and no session of their configuration yet: both finish, whole. One session
+    # starts; the job it does not serve first waits for it as long as it took to start, and only
+    # then starts another, from its own job (RayDP cannot start two sessions from one job: they
+    # would share its namespace and their app master's name).
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda day: preprocess(cos_prefix, day, "shared", tag, spark_idle_timeout=8),
+                             ["2026-10-05", "2026-10-07"]))  # fmt: skip
+    assert [sum(result["rows_out"].values()) for result in both] == [ROWS, ROWS]
+    name = min(result["spark_session"]["name"] for result in both)  # replica -0
+    on_first = sorted((r["spark_session"] for r in both if r["spark_session"]["name"] == name),
+                      key=lambda session: session["calls"])  # fmt: skip
+    assert [session["calls"] for session in on_first] in ([1], [1, 2])
+
     # bad values are found by Spark inside the session: the input's fault, named, no retry; the session stays
     with pytest.raises(RayJobFailedError, match=r"dt=2026-10-06 failed validation: column 'f03' has 2 NaN"):
         preprocess(cos_prefix, "2026-10-06", "shared", tag, spark_idle_timeout=8)
     again = preprocess(cos_prefix, "2026-10-05", "shared", tag, spark_idle_timeout=8)
-    assert again["spark_session"] | {"calls": 0} == first["spark_session"] | {"calls": 0, "reused": True}
-    assert again["spark_session"]["calls"] == 3
+    assert again["spark_session"] | {"calls": 0} == on_first[0] | {"calls": 0, "reused": True}
+    assert again["spark_session"]["calls"] == len(on_first) + 2
 
     # A session killed between jobs (its node lost, an operator's `ray kill`): the next job starts a fresh one.
     assert name in shared_sessions(kill=True)

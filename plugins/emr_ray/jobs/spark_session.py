@@ -13,7 +13,8 @@ commit in it (:func:`emr_ray.jobs.spark.preprocess_partition`, the same code as 
   variables: shipped code, pip packages, Python) and a replica number. Jobs with the same
   configuration share its sessions; a job with another configuration (other code, other executors)
   gets its own: never a mix. A session serves one job at a time: a job that finds every replica busy
-  starts another if the cluster has room, and waits for one otherwise (:func:`emr_ray.jobs.warm.serve`).
+  waits for one at most as long as it took to start, then starts another if the cluster has room,
+  and waits for one otherwise (:func:`emr_ray.jobs.warm.serve`).
 - *Idle timeout.* A session that ran nothing for ``idle_timeout_s`` stops Spark and exits, freeing its
   executors.
 - *Gives way to work that needs the cluster.* A job that cannot be placed because idle sessions hold
@@ -87,18 +88,25 @@ class WarmSpark:
         self.busy = False
         self.retired = False
         self.last_used = time.monotonic()
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()  # guards busy/retired; a waiting call is woken at the end of one
         threading.Thread(target=self._watch_idle, name="idle-timeout", daemon=True).start()
         log.info("Shared Spark session %s started in %.1fs", name, self.start_seconds)
 
-    def run(self, spec_payload: dict[str, Any], options: Any, files: list[str]) -> dict[str, Any]:
-        """Preprocess one partition in this session; the job's result plus the session's own figures."""
+    def run(
+        self, spec_payload: dict[str, Any], options: Any, files: list[str], wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        """Preprocess one partition in this session; the job's result plus the session's own figures.
+        A busy session is waited for up to ``wait_s``, at most its own start-up time (what another
+        session would cost)."""
         from emr_ray.jobs import _usage
         from emr_ray.jobs._runtime import INPUT_ERRORS
         from emr_ray.jobs.spark import preprocess_partition
         from emr_ray.spec import SparkJobSpec
 
-        with self._lock:
+        with self._cond:
+            deadline = time.monotonic() + min(wait_s, self.start_seconds)
+            while self.busy and not self.retired and time.monotonic() < deadline:
+                self._cond.wait(timeout=max(deadline - time.monotonic(), 0.01))
             if self.retired:
                 raise SessionRetired(f"Spark session {self.name} is stopping")
             if self.busy:
@@ -117,9 +125,11 @@ class WarmSpark:
             raise
         finally:
             CallLog.detach()
-            self.calls += 1
-            self.last_used = time.monotonic()
-            self.busy = False
+            with self._cond:
+                self.calls += 1
+                self.last_used = time.monotonic()
+                self.busy = False
+                self._cond.notify_all()
             if self.retired:
                 threading.Thread(target=self._stop, daemon=True).start()
         return {
@@ -139,7 +149,7 @@ class WarmSpark:
 
     def release_if_idle(self) -> bool:
         """Stop Spark and exit if no call is running (another job needs the cluster's CPUs)."""
-        with self._lock:
+        with self._cond:
             if self.busy or self.retired:
                 return False
             self.retired = True
@@ -149,7 +159,7 @@ class WarmSpark:
     def _watch_idle(self) -> None:
         while True:
             time.sleep(min(5.0, max(self.idle_timeout_s / 4, 0.5)))
-            with self._lock:
+            with self._cond:
                 if self.retired:
                     return  # stopped by a failed call or a release
                 if not self.busy and time.monotonic() - self.last_used > self.idle_timeout_s:
@@ -162,7 +172,7 @@ class WarmSpark:
         import ray
         import raydp
 
-        with self._lock:
+        with self._cond:
             try:
                 raydp.stop_spark()
             except Exception as e:  # exiting anyway
@@ -182,7 +192,7 @@ def actor_class() -> Any:
         _ACTOR = ray.remote(  # type: ignore[call-overload]  # concurrency_groups: actors only
             num_cpus=0,  # its executors hold the CPUs, as a job's own session's do
             max_restarts=0,
-            max_concurrency=4,  # a second job's call finds it busy at once, instead of queueing
+            max_concurrency=16,  # a call that waits for the busy session holds a thread, never the queue
             concurrency_groups={"control": 1},
         )(WarmSpark)
     return _ACTOR
@@ -217,14 +227,14 @@ def run_shared(
     cpus = float(settings["num_executors"]) * float(settings["executor_cores"])
     gone: list[str] = []
 
-    def attempt(name: str) -> dict[str, Any] | None:
+    def attempt(name: str, wait_s: float) -> dict[str, Any] | None:
         handle = (
             actor_class()
             .options(**_options(name, runtime_env))
             .remote(name, settings, configs, env, idle_timeout_s)
         )
         try:
-            return ray.get(handle.run.remote(spec_payload, options, files))
+            return ray.get(handle.run.remote(spec_payload, options, files, wait_s))
         except RayTaskError as e:
             if isinstance(e.cause, warm.PoolBusy):
                 return None
@@ -242,7 +252,7 @@ def run_shared(
             warm.wait_gone(name, NAMESPACE)
             return None
 
-    out = warm.serve(NAMESPACE, key, cpus, attempt, what="Spark session")
+    out = warm.serve(NAMESPACE, key, cpus, attempt, what="Spark session", one_per_job=True)
     session = out["session"]
     log.info("Shared Spark session %s: call %d (%s)", session["name"], session["calls"],
              "warm" if session["reused"] else f"started in {session['start_seconds']:.1f}s")  # fmt: skip

@@ -12,8 +12,8 @@ each job's loop on them. The loop is the same code (it sees the group through :m
 - *One per configuration*: the name hashes the scaling (workers, GPUs, resources, placement) and the
   job's runtime_env less per-job variables (shipped code, packages, Python). Other code, another group.
 - *One job at a time per group*: a job takes a group's lease; another job with the same
-  configuration takes another replica, starts one if the cluster has room, or waits
-  (:func:`emr_ray.jobs.warm.serve`). The lease holder's job beats every poll; a lease without a beat
+  configuration takes a free replica, or waits for a busy one at most its start-up time, then starts
+  one if the cluster has room, or waits (:func:`emr_ray.jobs.warm.serve`). The lease holder's job beats every poll; a lease without a beat
   for ``LEASE_TIMEOUT_S`` (its job was killed) retires the group, so an abandoned loop never runs on;
   until then no other job trains the same run (:func:`wait_for_abandoned_calls`): one writer per run.
 - *Idle timeout*, *gives way* to jobs that need its CPUs (``release_if_idle``), like a Spark session.
@@ -217,9 +217,9 @@ class WarmTrainGroup:
 
     def acquire(self, wait_s: float, run_uri: str | None = None) -> dict[str, Any] | None:
         """The lease (for a call on ``run_uri``) and the workers, or None if another job still holds
-        the lease after ``wait_s``."""
+        the lease after ``wait_s``, at most this group's own start-up time (what another would cost)."""
         with self._cond:
-            deadline = time.monotonic() + wait_s
+            deadline = time.monotonic() + min(wait_s, self.start_seconds)
             while self.lease is not None and not self.retired and time.monotonic() < deadline:
                 self._cond.wait(timeout=max(deadline - time.monotonic(), 0.01))
             if self.retired:
@@ -398,14 +398,14 @@ def _lease(
 
     gone: list[str] = []
 
-    def attempt(name: str) -> dict[str, Any] | None:
+    def attempt(name: str, wait_s: float) -> dict[str, Any] | None:
         group = (
             actor_class()
             .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, runtime_env=runtime_env)
             .remote(name, scaling, idle_timeout_s)
         )  # fmt: skip
         try:
-            lease = ray.get(group.acquire.remote(0.0, run_uri))
+            lease = ray.get(group.acquire.remote(wait_s, run_uri))
         except ray.exceptions.RayTaskError as e:
             if not isinstance(e.cause, warm.PoolRetired):
                 raise

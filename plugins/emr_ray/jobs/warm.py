@@ -5,8 +5,10 @@ and a warm training worker group (:mod:`.train_group`) are detached Ray actors t
   the job's runtime_env less what is one job's alone (:func:`pool_runtime_env`): jobs with the same
   configuration share a pool, any difference gets another one.
 - *Scale out, then queue*: a configuration's pool has replicas (``<key>-0``, ``<key>-1``...); a job
-  takes a free one, starts another when all are busy and the cluster has room for it, and waits
-  for one otherwise (:func:`serve`). Concurrent runs of one DAG overlap as far as the cluster goes.
+  takes a free one; when all are busy it waits for one about as long as a new replica would take to
+  start (that replica's own start-up time), then starts another if the cluster has room for it, and
+  waits for one otherwise (:func:`serve`). Concurrent runs of one DAG overlap as far as the cluster
+  goes, without paying a start-up where a call ends sooner than another replica could start.
 - *Give way*: a job that needs CPUs the idle pools hold releases them first (:func:`release_idle`,
   over every kind of pool; each pool's ``release_if_idle`` refuses while a call runs).
 - *Speak through the job*: a detached actor's own output reaches no job's log, so a call collects
@@ -162,6 +164,9 @@ EXTRA_REPLICA_IDLE_S = 60.0
 #: how long a job with no pool of its configuration waits for room before starting one anyway (it
 #: then waits for its resources like any Ray job)
 ROOM_WAIT_S = 60.0
+#: the longest a job waits for a busy replica before it may start another; each replica caps the
+#: wait at its own start-up time (what starting another would cost)
+BUSY_WAIT_S = 120.0
 
 
 def idle_timeout(name: str, configured_s: float) -> float:
@@ -178,30 +183,52 @@ def replicas(namespace: str, key: str) -> list[str]:
 
 
 def serve(
-    namespace: str, key: str, cpus: float, attempt: Callable[[str], T | None], *, what: str,
-    poll_s: float = 1.0,
+    namespace: str, key: str, cpus: float, attempt: Callable[[str, float], T | None], *, what: str,
+    poll_s: float = 1.0, one_per_job: bool = False,
 ) -> T:  # fmt: skip
-    """``attempt(name)`` on a replica of ``key`` that takes the call: the live ones first; then a new
-    one if the cluster has ``cpus`` free for it (idle pools of other configurations give way); else
-    wait for a live one, or, when there is none, for room (a busy pool may finish and give way) up to
-    ``ROOM_WAIT_S`` before starting one anyway. ``attempt`` starts the replica if it does not exist,
-    and returns None when it is busy or stopping (then the next is tried)."""
-    waited = 0.0
+    """``attempt(name, wait_s)`` on a replica of ``key`` that takes the call: a free live one first;
+    when all are busy, wait for one (``wait_s``: the replica waits at most its own start-up time);
+    then a new one if the cluster has ``cpus`` free for it (idle pools of other configurations give
+    way); else wait for a live one, or, when there is none, for room (a busy pool may finish and give
+    way) up to ``ROOM_WAIT_S`` before starting one anyway. ``attempt`` starts the replica if it does
+    not exist, and returns None when it is still busy, or stopping (then the next is tried).
+
+    Why wait before scaling out: a call (seconds) often ends sooner than another replica starts (a
+    Spark session's JVM and executors, a worker group's torch import); on a small cluster two
+    start-ups at once also slow each other down several times over.
+
+    ``one_per_job``: while a replica this job started lives, the job starts no other (it waits for
+    a live one). RayDP names a session's app master actor once per Ray namespace, and every actor a
+    job starts shares the job's namespace: a second session started by one job fails to start."""
+    waited, patient = 0.0, True
+    started: set[str] = set()
     while True:
         live = replicas(namespace, key)
         for name in live:
-            got = attempt(name)
+            got = attempt(name, 0.0)
             if got is not None:
                 return got
-        if _room_for(cpus, key) or (not live and waited >= ROOM_WAIT_S):
+        if live and patient:
+            patient = False  # once per call: then scale out where the cluster has room
+            log.info("Every %s of this configuration is busy (%d live); waiting for %s at most as long "
+                     "as another would take to start", what, len(live), live[0])  # fmt: skip
+            got = attempt(live[0], BUSY_WAIT_S)
+            if got is not None:
+                return got
+            continue
+        may_start = not (one_per_job and started & set(live))
+        if may_start and (_room_for(cpus, key) or (not live and waited >= ROOM_WAIT_S)):
             taken = {int(name[len(key) + 1 :]) for name in live}
-            got = attempt(f"{key}-{min(set(range(len(taken) + 1)) - taken)}")
+            name = f"{key}-{min(set(range(len(taken) + 1)) - taken)}"
+            started.add(name)
+            got = attempt(name, 0.0)
             if got is not None:
                 return got
             continue
         if waited % 15 < poll_s:
-            log.info("No %s of this configuration is free and the cluster has no room for another "
-                     "(%d live); waited %.0fs", what, len(live), waited)  # fmt: skip
+            log.info("No %s of this configuration is free and %s (%d live); waited %.0fs", what,
+                     "the cluster has no room for another" if may_start else "this job started one already",
+                     len(live), waited)  # fmt: skip
         time.sleep(poll_s)
         waited += poll_s
 

@@ -1,5 +1,6 @@
-"""How a job picks a warm pool (``emr_ray.jobs.warm.serve``): a free replica first, another replica
-when all are busy and the cluster has room, else wait. The cluster's side (which replicas are alive,
+"""How a job picks a warm pool (``emr_ray.jobs.warm.serve``): a free replica first; when all are busy,
+a wait for one (as long as another would take to start), then another replica if the cluster has
+room, else wait. The cluster's side (which replicas are alive,
 whether CPUs are free) is a small stand-in here, as this is the choosing logic alone; the real pools
 on a real cluster: ``tests/integration/test_spark_session.py`` and ``test_train_group.py``.
 """
@@ -14,13 +15,19 @@ KEY = "train-0123456789abcdef0123"
 
 
 class Cluster:
-    """Replicas by name with a busy flag, and whether another one would fit."""
+    """Replicas by name with a busy flag, and whether another one would fit. ``frees_while_waited``:
+    the replicas whose call ends while a job waits for them."""
 
-    def __init__(self, busy: dict[str, bool], room: bool) -> None:
-        self.busy, self.room, self.calls = dict(busy), room, []
+    def __init__(self, busy: dict[str, bool], room: bool, frees_while_waited: tuple[str, ...] = ()) -> None:
+        self.busy, self.room, self.calls, self.waits = dict(busy), room, [], []
+        self.frees = set(frees_while_waited)
 
-    def attempt(self, name: str) -> str | None:
+    def attempt(self, name: str, wait_s: float) -> str | None:
         self.calls.append(name)
+        if wait_s:
+            self.waits.append(name)
+            if name in self.frees:
+                self.busy[name] = False
         if self.busy.setdefault(name, False):
             return None
         self.busy[name] = True
@@ -29,8 +36,8 @@ class Cluster:
 
 @pytest.fixture
 def cluster(monkeypatch):
-    def make(busy: dict[str, bool], room: bool) -> Cluster:
-        c = Cluster(busy, room)
+    def make(busy: dict[str, bool], room: bool, frees_while_waited: tuple[str, ...] = ()) -> Cluster:
+        c = Cluster(busy, room, frees_while_waited)
         monkeypatch.setattr(warm, "replicas", lambda namespace, key: sorted(c.busy))
         monkeypatch.setattr(warm, "_room_for", lambda cpus, key: c.room)
         return c
@@ -62,9 +69,17 @@ def test_the_first_call_starts_replica_0_at_once_when_there_is_room(cluster):
     assert warm.serve("ns", KEY, 2, c.attempt, what="group") == f"{KEY}-0"
 
 
-def test_all_busy_with_room_starts_the_lowest_free_number(cluster):
+def test_all_busy_with_room_waits_once_for_a_busy_one_then_starts_the_lowest_free_number(cluster):
     c = cluster({f"{KEY}-0": True, f"{KEY}-2": True}, room=True)
     assert warm.serve("ns", KEY, 2, c.attempt, what="group") == f"{KEY}-1"
+    assert c.waits == [f"{KEY}-0"]  # the replica caps the wait at its own start-up time
+
+
+def test_a_busy_replica_whose_call_ends_first_serves_the_call_and_none_starts(cluster):
+    """A call ends in seconds; another replica takes longer to start: waiting for it is cheaper."""
+    c = cluster({f"{KEY}-0": True}, room=True, frees_while_waited=(f"{KEY}-0",))
+    assert warm.serve("ns", KEY, 2, c.attempt, what="group") == f"{KEY}-0"
+    assert sorted(c.busy) == [f"{KEY}-0"]
 
 
 def test_all_busy_without_room_waits_for_one(cluster, monkeypatch):
@@ -78,3 +93,28 @@ def test_all_busy_without_room_waits_for_one(cluster, monkeypatch):
     monkeypatch.setattr(warm.time, "sleep", sleep)
     assert warm.serve("ns", KEY, 2, c.attempt, what="group") == f"{KEY}-0"
     assert slept == [1.0]
+
+
+def test_a_spark_job_never_starts_a_second_session_while_its_first_lives(cluster, monkeypatch):
+    """RayDP names a session's app master once per Ray namespace (the job's): the replica this job
+    started was taken by another job as it came up, so this job waits for a live one instead of
+    starting ``-1`` (which would fail on the name)."""
+    c = cluster({}, room=True)
+    taken_as_started = f"{KEY}-0"
+    attempt = c.attempt
+
+    def attempt_where_another_job_is_faster(name: str, wait_s: float) -> str | None:
+        if name == taken_as_started and name not in c.busy:
+            c.calls.append(name)
+            c.busy[name] = True  # started by this job, served another first
+            return None
+        return attempt(name, wait_s)
+
+    def sleep(seconds: float) -> None:  # the other job's call ends
+        c.busy[taken_as_started] = False
+
+    monkeypatch.setattr(warm.time, "sleep", sleep)
+    got = warm.serve(
+        "ns", KEY, 2, attempt_where_another_job_is_faster, what="Spark session", one_per_job=True
+    )
+    assert got == taken_as_started and sorted(c.busy) == [taken_as_started]
