@@ -102,8 +102,8 @@ class LocalAirflow:
             # a task waiting on a Ray job (or on a COS key) waits in the triggerer, not in a worker slot
             "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
             # a scheduler that died is seen dead after scheduler_health_check_threshold (30 s); its
-            # queued and running tasks are then reset at the next check (default every 300 s)
-            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "60",
+            # queued and running tasks are then reset at the next check (default every 300 s; here 30 s)
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "30",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
