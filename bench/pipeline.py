@@ -24,7 +24,7 @@ each component a least-squares line over the sizes separates the **fixed** part 
 the part that **grows** (s per 1M rows).
 
 **Backfill.** A running Airflow on the same stack (``devstack.airflow.LocalAirflow``: PostgreSQL,
-LocalExecutor, deferrable operators, the ``ray_cluster`` pool sized from the cluster) backfills
+LocalExecutor, deferrable operators, the Ray pools sized from the cluster) backfills
 ``--backfill-days`` partitions of ``--backfill-rows`` rows with the DAG's settings
 (``max_active_runs``, pools). Reported: total wall against N x one partition (the ``dags test`` run of
 that size, when this run measured it), and cluster utilisation: CPU-seconds reserved by the Ray jobs
@@ -45,9 +45,10 @@ deferring (:data:`DEFER_AFTER`, the DAGs' ``emr_ray_defer_after`` Variable): ``w
 the backfill), ``job`` defers at once as before issue 17. The table at the end puts whole runs, each
 task's fixed part and the backfills side by side with their ratios. The head has 3 CPUs by default: a warm session's executor
 (1) and the 2 training workers fit at once (on 2 CPUs each warm pool releases the other for every
-task, and the warm paths cost about what ``job`` does). Each backfill's ``ray_cluster`` pool is sized
-for its path (:func:`pool_slots`): one Ray task at a time on the cold path, two (a preprocessing and
-a training, each in its own pool) on the warm ones.
+task, and the warm paths cost about what ``job`` does). Each backfill's Ray pools (``ray_spark`` for
+preprocessing, ``ray_train`` for training) get a slot per lane of the cluster for the contender's
+path (:func:`pool_slots`): one each on this head, so one run's training overlaps the next one's
+preprocessing on every path.
 
 Run inside the loopback-only namespace, in pieces if need be::
 
@@ -132,12 +133,13 @@ def split_task(
 
 
 def pool_slots(cpus: float, conf: dict[str, Any]) -> int:
-    """The ``ray_cluster`` pool for a contender, as its README sizing rule says: one slot per Ray task
-    the cluster runs whole (the cold path), or two per lane of warm pools when the preprocessing runs
-    in a shared Spark session (training then waits in its group, or beside the session's executor)."""
-    from devstack.airflow import ray_pool_slots, warm_pool_slots
+    """Slots of each Ray pool (``ray_spark``, ``ray_train``) for a contender, as the README's sizing
+    rule says: one per lane of the cluster, a lane being a Spark job and a training side by side, on
+    the warm pools when the preprocessing runs in a shared Spark session, else cold (each job starts
+    its own)."""
+    from devstack.airflow import ray_pool_slots
 
-    return warm_pool_slots(cpus) if conf.get("spark_session") == "shared" else ray_pool_slots(cpus)
+    return ray_pool_slots(cpus, warm=conf.get("spark_session") == "shared")
 
 
 def busy_timeline(spans: list[tuple[float, float]], start: float, end: float) -> dict[str, float]:
@@ -272,7 +274,7 @@ def backfill(
     stack, days: int, rows: int, first: dt.date, conf: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A backfill of ``days`` dates through a running Airflow, with the DAG's own settings; the
-    ``ray_cluster`` pool sized for the contender's path (:func:`pool_slots`)."""
+    Ray pools sized for the contender's path (:func:`pool_slots`)."""
     from devstack.airflow import LocalAirflow
     from emr_ray.params import MAX_ACTIVE_RUNS
     from tests.fixtures.airflow_live import Api, wait_for_runs
@@ -390,8 +392,8 @@ def report(result: dict[str, Any]) -> str:
             f"- cluster utilisation {b['utilisation']:.0%}: {b['cpu_seconds_reserved']:.0f} CPU-s reserved by "
             f"{b['jobs']} Ray jobs ({b['cpu_seconds_reserved_per_task']}) over {b['cluster_cpus']:.0f} CPUs x "
             f"{b['wall_s']:.0f} s",
-            f"- at most {b['max_concurrent_jobs']} Ray job(s) at once (ray_cluster pool: {b['ray_pool_slots']} "
-            f"slot(s); max_active_runs {b['max_active_runs']}); no Ray job running for {b['idle_s']:.0f} s of "
+            f"- at most {b['max_concurrent_jobs']} Ray job(s) at once (ray_spark and ray_train pools: "
+            f"{b['ray_pool_slots']} slot(s) each; max_active_runs {b['max_active_runs']}); no Ray job running for {b['idle_s']:.0f} s of "
             f"the {b['wall_s']:.0f} s",
         ]
     return "\n".join(text)

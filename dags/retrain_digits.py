@@ -18,8 +18,11 @@ from emr_ray.params import (
     DEFER_AFTER_TEMPLATE,
     MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
+    PROMOTION_POOL,
     SPARK_IDLE_TIMEOUT_TEMPLATE,
+    SPARK_POOL,
     SPARK_SESSION_TEMPLATE,
+    TRAIN_POOL,
     WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE,
     WORKER_GROUP_TEMPLATE,
     committed_generation,
@@ -45,7 +48,7 @@ with DAG(
     schedule=daily_partitions(),  # one run per completed day
     start_date=history_start(),
     catchup=False,
-    max_active_runs=MAX_ACTIVE_RUNS,  # the ray_cluster pool guards the cluster
+    max_active_runs=MAX_ACTIVE_RUNS,  # the Ray pools guard the cluster
     tags=["emr-ray", "retraining", "images"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
@@ -89,7 +92,7 @@ with DAG(
             "seed": 42,
         },
         force_recompute="{{ params.force_recompute }}",
-        pool="ray_cluster",
+        pool=SPARK_POOL,
         execution_timeout=timedelta(minutes=30),
     )
     train = TorchTrainOperator(
@@ -115,7 +118,7 @@ with DAG(
         experiment_name="retrain_digits",
         compare_with_model="digits-cnn",  # scores the champion on this run's test rows, for register
         force_recompute="{{ params.force_recompute }}",
-        pool="ray_cluster",
+        pool=TRAIN_POOL,
         execution_timeout=timedelta(hours=1),
     )
     register = MLflowRegisterOperator(
@@ -130,7 +133,7 @@ with DAG(
             "generation": committed_generation("preprocess"),
         },
         promote_historical="{{ params.promote_historical }}",
-        pool="mlflow_promotion",  # one slot: promotions of a model never interleave
+        pool=PROMOTION_POOL,  # one slot: promotions of a model never interleave
     )
 
     wait_for_partition >> check_cluster >> preprocess >> train >> register

@@ -28,8 +28,11 @@ from emr_ray.params import (
     DEFER_AFTER_TEMPLATE,
     MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
+    PROMOTION_POOL,
     SPARK_IDLE_TIMEOUT_TEMPLATE,
+    SPARK_POOL,
     SPARK_SESSION_TEMPLATE,
+    TRAIN_POOL,
     WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE,
     WORKER_GROUP_TEMPLATE,
     committed_generation,
@@ -58,7 +61,7 @@ with DAG(
     schedule=daily_partitions(),  # one run per completed day
     start_date=history_start(),
     catchup=False,
-    max_active_runs=MAX_ACTIVE_RUNS,  # the ray_cluster pool guards the cluster
+    max_active_runs=MAX_ACTIVE_RUNS,  # the Ray pools guard the cluster
     tags=["emr-ray", "retraining", "recsys"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
@@ -105,7 +108,7 @@ with DAG(
             "seed": 42,
         },
         force_recompute="{{ params.force_recompute }}",
-        pool="ray_cluster",
+        pool=SPARK_POOL,
         execution_timeout=timedelta(minutes=30),
     )
     train = TorchTrainOperator(
@@ -138,7 +141,7 @@ with DAG(
         experiment_name="retrain_recsys",
         compare_with_model="recsys-two-tower",  # scores the champion on this run's test rows, for register
         force_recompute="{{ params.force_recompute }}",
-        pool="ray_cluster",
+        pool=TRAIN_POOL,
         execution_timeout=timedelta(hours=1),
     )
     register = MLflowRegisterOperator(
@@ -153,7 +156,7 @@ with DAG(
             "generation": committed_generation("preprocess"),
         },
         promote_historical="{{ params.promote_historical }}",
-        pool="mlflow_promotion",  # one slot: promotions of a model never interleave
+        pool=PROMOTION_POOL,  # one slot: promotions of a model never interleave
     )
 
     wait_for_partition >> check_cluster >> preprocess >> train >> register

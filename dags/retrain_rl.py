@@ -20,6 +20,8 @@ from emr_ray.operators.rllib import RLlibTrainOperator
 from emr_ray.params import (
     DEFER_AFTER_TEMPLATE,
     MAX_ACTIVE_RUNS,
+    PROMOTION_POOL,
+    TRAIN_POOL,
     daily_partitions,
     history_start,
     pipeline_params,
@@ -33,7 +35,7 @@ with DAG(
     schedule=daily_partitions(),  # one run per completed day, like the other retraining DAGs
     start_date=history_start(),
     catchup=False,
-    max_active_runs=MAX_ACTIVE_RUNS,  # the ray_cluster pool guards the cluster
+    max_active_runs=MAX_ACTIVE_RUNS,  # the Ray pools guard the cluster
     tags=["emr-ray", "retraining", "reinforcement-learning"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     params={
@@ -80,7 +82,7 @@ with DAG(
         storage_path=CHECKPOINTS,
         experiment_name="retrain_rl",
         force_recompute="{{ params.force_recompute }}",
-        pool="ray_cluster",
+        pool=TRAIN_POOL,
         execution_timeout=timedelta(hours=1),
     )
     register = MLflowRegisterOperator(
@@ -90,7 +92,7 @@ with DAG(
         metric="episode_return_mean",
         direction="max",
         promote_historical="{{ params.promote_historical }}",
-        pool="mlflow_promotion",  # one slot: promotions of a model never interleave
+        pool=PROMOTION_POOL,  # one slot: promotions of a model never interleave
     )
 
     check_cluster >> train >> register

@@ -23,8 +23,11 @@ from emr_ray.params import (
     DEFER_AFTER_TEMPLATE,
     MAX_ACTIVE_RUNS,
     PARTITION_TEMPLATE,
+    PROMOTION_POOL,
     SPARK_IDLE_TIMEOUT_TEMPLATE,
+    SPARK_POOL,
     SPARK_SESSION_TEMPLATE,
+    TRAIN_POOL,
     WORKER_GROUP_IDLE_TIMEOUT_TEMPLATE,
     WORKER_GROUP_TEMPLATE,
     committed_generation,
@@ -51,7 +54,7 @@ with DAG(
     schedule=daily_partitions(),  # one run per completed day
     start_date=history_start(),
     catchup=False,
-    max_active_runs=MAX_ACTIVE_RUNS,  # the ray_cluster pool guards the cluster
+    max_active_runs=MAX_ACTIVE_RUNS,  # the Ray pools guard the cluster
     tags=["emr-ray", "retraining", "tabular"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
     # Airflow 3's successor of SLAs: warn (the run goes on) when a run is not done 3 hours after it was queued
@@ -112,7 +115,7 @@ with DAG(
         executor_memory="1g",
         validate_only="{{ params.dry_run }}",
         force_recompute="{{ params.force_recompute }}",
-        pool="ray_cluster",
+        pool=SPARK_POOL,
         execution_timeout=timedelta(minutes=30),
     )
 
@@ -143,7 +146,7 @@ with DAG(
         experiment_name="retrain_tabular",
         compare_with_model="tabular-mlp",  # scores the champion on this run's test rows, for register
         force_recompute="{{ params.force_recompute }}",
-        pool="ray_cluster",
+        pool=TRAIN_POOL,
         execution_timeout=timedelta(hours=2),
     )
     register = MLflowRegisterOperator(
@@ -160,7 +163,7 @@ with DAG(
         description="tabular MLP trained on partition " + PARTITION,
         register_only_if_better="{{ params.register_only_if_better }}",
         promote_historical="{{ params.promote_historical }}",
-        pool="mlflow_promotion",  # one slot: promotions of a model never interleave
+        pool=PROMOTION_POOL,  # one slot: promotions of a model never interleave
     )
 
     wait_for_partition >> check_cluster >> preprocess >> unless_dry_run() >> train >> register

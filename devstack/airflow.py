@@ -26,8 +26,15 @@ from pathlib import Path
 import psutil
 
 from devstack.stack import LocalStack
+from emr_ray.params import PROMOTION_POOL, SPARK_POOL, TRAIN_POOL
 
 USER = "admin"
+#: the pools the example DAGs' tasks take a slot of (``make airflow`` creates them)
+POOLS = {
+    SPARK_POOL: "Tasks that run Spark on Ray: one slot per lane of the cluster",
+    TRAIN_POOL: "Tasks that train on Ray: one slot per lane of the cluster",
+    PROMOTION_POOL: "Model promotions, one at a time: each decides against the champion the last one left",
+}
 COMPONENTS = {
     "api-server": ["api-server", "--host", "127.0.0.1", "--port", "{port}"],
     "scheduler": ["scheduler", "--skip-serve-logs"],
@@ -36,34 +43,31 @@ COMPONENTS = {
 }
 #: task slots of the LocalExecutor: what runs at once is then decided by the pools and the DAGs
 PARALLELISM = 4
-#: CPUs one Ray task of the example DAGs needs on the local head: a preprocessing task's executor
-#: core plus the free CPU its COS read needs, or a training task's two 1-CPU workers (the default)
+#: CPUs one Ray job of the example DAGs needs when it starts its own Spark or worker group (the cold
+#: path): a preprocessing job's executor core plus the free CPU its COS read needs, or a training
+#: job's two 1-CPU workers (the default)
 CPUS_PER_RAY_TASK = 2
 #: CPUs of one "lane" of the example DAGs' warm pools: a Spark session's executor and a 2-worker group
 CPUS_PER_WARM_LANE = 3
 
 
-def ray_pool_slots(num_cpus: float, num_gpus: float = 0, *, cpus_per_task: float = CPUS_PER_RAY_TASK,
-                   gpus_per_task: float = 0) -> int:  # fmt: skip
-    """Size of the ``ray_cluster`` pool: as many Ray tasks as fit the cluster at once, never 0.
+def ray_pool_slots(
+    num_cpus: float, num_gpus: float = 0, *, warm: bool = True, gpus_per_lane: float = 0
+) -> int:
+    """Slots of each Ray pool (``ray_spark`` and ``ray_train``): the lanes the cluster holds, never 0.
 
-    Each Ray task must find its whole request free, or two half-started tasks can wait on each other
-    forever (two RayDP jobs on a 2-CPU head each hold an executor's CPU while their COS read waits
-    for a third). So: ``min(CPUs // cpus_per_task, GPUs // gpus_per_task)``, at least 1.
+    A lane is one Spark job and one training running whole side by side: :data:`CPUS_PER_WARM_LANE`
+    with the warm pools (the DAGs' default), two :data:`CPUS_PER_RAY_TASK` when each job starts its
+    own Spark or worker group (``warm=False``), and ``gpus_per_lane`` GPUs for GPU training. With every
+    lane busy each job still finds its whole request free, so no two half-started jobs of one kind
+    wait on each other. A cluster smaller than one lane still gets a slot of each: a training's
+    workers start as one placement group, so it waits for the Spark job's CPUs and never holds part
+    of them (the runs queue in Ray instead of in the pools).
     """
-    slots = int(num_cpus // cpus_per_task)
-    if gpus_per_task:
-        slots = min(slots, int(num_gpus // gpus_per_task))
-    return max(1, slots)
-
-
-def warm_pool_slots(num_cpus: float, *, cpus_per_lane: float = CPUS_PER_WARM_LANE) -> int:
-    """Size of the ``ray_cluster`` pool when the Ray tasks run in warm pools (a shared Spark session, a
-    shared worker group or one that fits beside it): each lane of pools (one session and one group,
-    ``cpus_per_lane`` CPUs) serves a preprocessing and a training task at once, and a task waits in
-    its pool, never half-started on the cluster. So: 2 per lane that fits, else the cold rule."""
-    lanes = int(num_cpus // cpus_per_lane)
-    return 2 * lanes if lanes else ray_pool_slots(num_cpus)
+    lanes = int(num_cpus // (CPUS_PER_WARM_LANE if warm else 2 * CPUS_PER_RAY_TASK))
+    if gpus_per_lane:
+        lanes = min(lanes, int(num_gpus // gpus_per_lane))
+    return max(1, lanes)
 
 
 @dataclass
@@ -77,7 +81,7 @@ class LocalAirflow:
     stack: LocalStack
     home: Path
     port: int = 8080
-    #: the ``ray_cluster`` pool's slots; None: :func:`ray_pool_slots` of the stack's CPUs
+    #: slots of each Ray pool (``ray_spark``, ``ray_train``); None: :func:`ray_pool_slots` of the stack's CPUs
     pool_slots: int | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
@@ -118,13 +122,12 @@ class LocalAirflow:
     def start(self, timeout: float = 240) -> LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         self._airflow("db", "migrate")
-        # Ray tasks take a slot each, deferred ones too: runs queue instead of oversubscribing the cluster.
+        # Ray tasks take a slot of their kind's pool, deferred ones too: runs queue instead of
+        # oversubscribing the cluster, and a run's training never waits behind later preprocessing.
         slots = self.pool_slots or ray_pool_slots(self.stack.num_cpus)
-        self._airflow("pools", "set", "ray_cluster", str(slots), "Tasks that run Ray jobs on the local cluster",
-                      "--include-deferred")  # fmt: skip
-        # Promotions of a model one at a time: each decides against the champion the previous one left.
-        self._airflow("pools", "set", "mlflow_promotion", "1", "Model promotions, one at a time",
-                      "--include-deferred")  # fmt: skip
+        for pool, description in POOLS.items():
+            size = 1 if pool == PROMOTION_POOL else slots
+            self._airflow("pools", "set", pool, str(size), description, "--include-deferred")
         logs = self.home / "logs"
         logs.mkdir(exist_ok=True)
         for name in COMPONENTS:

@@ -47,7 +47,7 @@ def describe_miss(context: dict[str, Any]) -> str:
         f"Deadline missed: DAG {run.get('dag_id')!r} run {run.get('dag_run_id')!r} "
         f"(partition {(run.get('conf') or {}).get('partition') or str(run.get('logical_date') or '')[:10]}, "
         f"queued at {run.get('queued_at')}) was not done by {deadline}; it is {run.get('state')}. "
-        "Check the partition's arrival and the ray_cluster pool's queue."
+        "Check the partition's arrival and the queues of the ray_spark and ray_train pools."
     )
 
 

@@ -33,8 +33,17 @@ def history_start() -> Any:
 
 
 #: how many runs of one DAG may be active at once: a run waiting for its partition must not hold up
-#: a manual run; what protects the cluster is the ``ray_cluster`` pool, not this
+#: a manual run; what protects the cluster is the Ray pools below, not this
 MAX_ACTIVE_RUNS = 8
+
+#: the Airflow pool of tasks that run Spark on Ray (preprocessing), and the one of tasks that train
+#: on Ray: one pool per kind of work, each with a slot per "lane" of the cluster (a Spark job and a
+#: training side by side; README "Sizing the pools"), so a run's training never queues behind the
+#: preprocessing of the runs after it, as it did when both kinds shared one pool
+SPARK_POOL = "ray_spark"
+TRAIN_POOL = "ray_train"
+#: one slot: promotions of a model never interleave (each decides against the champion the last left)
+PROMOTION_POOL = "mlflow_promotion"
 
 
 def daily_partitions() -> Any:

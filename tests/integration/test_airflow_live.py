@@ -11,7 +11,7 @@ triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI 
 - a backfill over three historical partitions (``POST /api/v2/backfills``, one run at a time): each
   run preprocesses, trains and registers exactly its own partition (a rerun of a partition the
   session already staged replaces it cleanly); the date with no data fails alone, clearly.
-- a backfill of two more dates, two runs at a time (the ``ray_cluster`` pool widened to 2), raced by
+- a backfill of two more dates, two runs at a time (the ``ray_spark`` pool widened to 2), raced by
   a manual run of one of them: every run trains on the generation its own preprocessing committed,
   which holds exactly the raw partition's rows; the raced date has two whole generations; history
   leaves ``champion`` where it was.
@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from devstack.stack import LocalStack
+from emr_ray.params import SPARK_POOL
 from tests.fixtures.airflow_live import Api, wait_for_runs
 from tests.fixtures.pipeline import GOOD, WEAK
 
@@ -120,12 +121,12 @@ RACE = ["2026-10-29", "2026-10-30"]  # raw data written by the race test; no oth
 RACE_ROWS = 1000
 
 
-def ray_pool(api: Api, slots: int) -> int:
-    """Set the ``ray_cluster`` pool's size; return the size it had."""
-    pool = api.call("GET", "/api/v2/pools/ray_cluster")
+def spark_pool(api: Api, slots: int) -> int:
+    """Set the ``ray_spark`` pool's size (preprocessing tasks); return the size it had."""
+    pool = api.call("GET", f"/api/v2/pools/{SPARK_POOL}")
     body = {"pool": pool["name"], "slots": slots, "description": pool["description"],
             "include_deferred": pool["include_deferred"]}  # fmt: skip
-    assert api.call("PATCH", "/api/v2/pools/ray_cluster", body)["slots"] == slots
+    assert api.call("PATCH", f"/api/v2/pools/{SPARK_POOL}", body)["slots"] == slots
     return pool["slots"]
 
 
@@ -163,7 +164,7 @@ def overlap(a: dict, b: dict) -> bool:
 
 @pytest.mark.timeout(1800)  # three pipeline runs, two at a time, on a shared 2-core machine
 def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generation(api, stack):
-    """Issue #12's proof: a backfill of two dates, two runs at a time with the ``ray_cluster`` pool
+    """Issue #12's proof: a backfill of two dates, two runs at a time with the ``ray_spark`` pool
     widened to 2, raced by a manual run of one of them. Every run succeeds; every model version names
     the generation its run committed, which holds exactly the raw partition's rows, split without a
     row lost or duplicated; the raced date has two whole generations; and this history (a backfill,
@@ -179,7 +180,7 @@ def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generat
     champion_before = client.get_model_version_by_alias("tabular-mlp", "champion")
     assert champion_before.tags["partition"] > RACE[-1], "the race's dates must be older than the champion's"
     cheap = {"epochs": 1, "num_workers": 1}
-    old_slots = ray_pool(api, 2)
+    old_slots = spark_pool(api, 2)
     try:
         body = {"dag_id": DAG_ID, "from_date": f"{RACE[0]}T00:00:00Z", "to_date": f"{RACE[-1]}T00:00:00Z",
                 "reprocess_behavior": "completed", "max_active_runs": 2, "dag_run_conf": cheap}  # fmt: skip
@@ -206,7 +207,7 @@ def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generat
         })["dag_run_id"]  # fmt: skip
         finished = wait_for_runs(api, {*backfilled.values(), manual}, timeout=1500)
     finally:
-        ray_pool(api, old_slots)
+        spark_pool(api, old_slots)
 
     failed = [rid for rid, r in finished.items() if r["state"] != "success"]
     assert not failed, "\n".join(line for rid in failed for line in failed_tasks(api, rid))
@@ -214,9 +215,9 @@ def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generat
     assert overlap(raced, finished[manual]), "the manual run did not race the backfill"
     ray_tasks = [ti for rid in finished
                  for ti in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{rid}/taskInstances")["task_instances"]
-                 if ti["pool"] == "ray_cluster" and ti["start_date"] and ti["end_date"]]  # fmt: skip
+                 if ti["pool"] == SPARK_POOL and ti["start_date"] and ti["end_date"]]  # fmt: skip
     concurrent = any(overlap(a, b) for i, a in enumerate(ray_tasks) for b in ray_tasks[i + 1 :])
-    assert concurrent, "no two Ray tasks ran at once: the pool was not widened"
+    assert concurrent, "no two preprocessing tasks ran at once: the pool was not widened"
 
     date_of = {run_id: date for date, run_id in backfilled.items()} | {manual: RACE[0]}
     versions = [
