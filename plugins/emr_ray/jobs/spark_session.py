@@ -104,9 +104,9 @@ class WarmSpark:
         from emr_ray.spec import SparkJobSpec
 
         with self._cond:
-            deadline = time.monotonic() + min(wait_s, self.start_seconds)
-            while self.busy and not self.retired and time.monotonic() < deadline:
-                self._cond.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            warm.wait_while(
+                self._cond, lambda: self.busy and not self.retired, min(wait_s, self.start_seconds)
+            )
             if self.retired:
                 raise SessionRetired(f"Spark session {self.name} is stopping")
             if self.busy:

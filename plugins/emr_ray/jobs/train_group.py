@@ -13,9 +13,10 @@ each job's loop on them. The loop is the same code (it sees the group through :m
   job's runtime_env less per-job variables (shipped code, packages, Python). Other code, another group.
 - *One job at a time per group*: a job takes a group's lease; another job with the same
   configuration takes a free replica, or waits for a busy one at most its start-up time, then starts
-  one if the cluster has room, or waits (:func:`emr_ray.jobs.warm.serve`). The lease holder's job beats every poll; a lease without a beat
-  for ``LEASE_TIMEOUT_S`` (its job was killed) retires the group, so an abandoned loop never runs on;
-  until then no other job trains the same run (:func:`wait_for_abandoned_calls`): one writer per run.
+  one if the cluster has room, or waits (:func:`emr_ray.jobs.warm.serve`). The lease holder's job
+  beats every poll; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job was killed) retires the
+  group, so an abandoned loop never runs on; until then no other job trains the same run
+  (:func:`wait_for_abandoned_calls`): one writer per run.
 - *Idle timeout*, *gives way* to jobs that need its CPUs (``release_if_idle``), like a Spark session.
 - *Never reused after a failure*: a call that fails retires the group (its workers may be stuck in a
   collective); the job restarts in a fresh group from the latest checkpoint, up to ``max_failures``
@@ -219,9 +220,11 @@ class WarmTrainGroup:
         """The lease (for a call on ``run_uri``) and the workers, or None if another job still holds
         the lease after ``wait_s``, at most this group's own start-up time (what another would cost)."""
         with self._cond:
-            deadline = time.monotonic() + min(wait_s, self.start_seconds)
-            while self.lease is not None and not self.retired and time.monotonic() < deadline:
-                self._cond.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            warm.wait_while(
+                self._cond,
+                lambda: self.lease is not None and not self.retired,
+                min(wait_s, self.start_seconds),
+            )
             if self.retired:
                 raise warm.PoolRetired(f"Warm worker group {self.name} is stopping")
             if self.lease is not None:

@@ -45,6 +45,15 @@ class PoolBusy(RuntimeError):
     """The pool is serving another job's call: use another replica, or wait."""
 
 
+def wait_while(cond: Any, busy: Callable[[], bool], wait_s: float) -> None:
+    """Wait on ``cond`` (a ``threading.Condition`` the caller holds) while ``busy()``, at most
+    ``wait_s``: a replica's side of :func:`serve`'s one wait for a busy replica. The replica notifies
+    ``cond`` when its call ends or it retires, so a waiting call starts at once."""
+    deadline = time.monotonic() + wait_s
+    while busy() and time.monotonic() < deadline:
+        cond.wait(timeout=max(deadline - time.monotonic(), 0.01))
+
+
 def pool_runtime_env(job_runtime_env: Mapping[str, Any]) -> dict[str, Any]:
     """The job's runtime_env without what is this job's alone (its secret reference, its flags)."""
     env = {k: v for k, v in dict(job_runtime_env).items() if k not in ("config", "_ray_commit")}

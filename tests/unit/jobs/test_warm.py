@@ -118,3 +118,30 @@ def test_a_spark_job_never_starts_a_second_session_while_its_first_lives(cluster
         "ns", KEY, 2, attempt_where_another_job_is_faster, what="Spark session", one_per_job=True
     )
     assert got == taken_as_started and sorted(c.busy) == [taken_as_started]
+
+
+def test_a_waiting_call_starts_as_soon_as_the_call_before_it_ends_and_gives_up_at_its_bound():
+    """The replica's side of the wait: woken by the end of the running call, not by a poll; a call
+    still running at the bound leaves the waiter to try elsewhere."""
+    import threading
+    import time
+
+    cond, state = threading.Condition(), {"busy": True}
+
+    def finish_after(seconds: float) -> None:
+        time.sleep(seconds)
+        with cond:
+            state["busy"] = False
+            cond.notify_all()
+
+    threading.Thread(target=finish_after, args=(0.2,), daemon=True).start()
+    started = time.monotonic()
+    with cond:
+        warm.wait_while(cond, lambda: state["busy"], 30.0)
+    assert not state["busy"] and time.monotonic() - started < 5
+
+    state["busy"] = True
+    started = time.monotonic()
+    with cond:
+        warm.wait_while(cond, lambda: state["busy"], 0.3)
+    assert state["busy"] and 0.3 <= time.monotonic() - started < 5
