@@ -46,9 +46,10 @@ the backfill), ``job`` defers at once as before issue 17. The table at the end p
 task's fixed part and the backfills side by side with their ratios. The head has 3 CPUs by default: a warm session's executor
 (1) and the 2 training workers fit at once (on 2 CPUs each warm pool releases the other for every
 task, and the warm paths cost about what ``job`` does). Each backfill's Ray pools (``ray_spark`` for
-preprocessing, ``ray_train`` for training) get a slot per lane of the cluster for the contender's
-path (:func:`pool_slots`): one each on this head, so one run's training overlaps the next one's
-preprocessing on every path.
+preprocessing, ``ray_train`` for training) are sized from the lanes of the cluster for the
+contender's path (:func:`pool_slots`): on the 3-CPU head one slot each on the cold path, two each on
+the warm ones (one job running in the warm replica, the next waiting at it); on every path one run's
+training can overlap the next one's preprocessing.
 
 Run inside the loopback-only namespace, in pieces if need be::
 
@@ -134,9 +135,8 @@ def split_task(
 
 def pool_slots(cpus: float, conf: dict[str, Any]) -> int:
     """Slots of each Ray pool (``ray_spark``, ``ray_train``) for a contender, as the README's sizing
-    rule says: one per lane of the cluster, a lane being a Spark job and a training side by side, on
-    the warm pools when the preprocessing runs in a shared Spark session, else cold (each job starts
-    its own)."""
+    rule says (a lane being a Spark job and a training side by side): two per lane on the warm pools
+    when the preprocessing runs in a shared Spark session, else one (each job starts its own)."""
     from devstack.airflow import ray_pool_slots
 
     return ray_pool_slots(cpus, warm=conf.get("spark_session") == "shared")
@@ -424,6 +424,11 @@ def comparison(per_contender: dict[str, dict[str, Any]]) -> str:
         if all(v is not None for v in cells):
             rows.append([f"{task_id}: whole task, mean over sizes", *[f"{v:.1f}" for v in cells],
                          *[f"{cells[0] / v:.2f}x" for v in cells[1:]]])  # fmt: skip
+    tasks = [sum(t["total"]["fixed_s"] for t in per_contender[c]["fits"].values()) if per_contender[c].get("fits")
+             else None for c in names]  # fmt: skip
+    if all(tasks):  # what a partition's tasks cost in a running Airflow, without the CLI's own start and end
+        rows.append(["every task's fixed part, summed", *[f"{v:.1f}" for v in tasks],
+                     *[f"{tasks[0] / v:.2f}x" for v in tasks[1:]]])  # fmt: skip
     fixed = [per_contender[c].get("fixed_run_s") for c in names]
     if all(v is not None for v in fixed):
         rows.append(["whole run: fixed part (fit over sizes)", *[f"{v:.1f}" for v in fixed],

@@ -54,20 +54,25 @@ CPUS_PER_WARM_LANE = 3
 def ray_pool_slots(
     num_cpus: float, num_gpus: float = 0, *, warm: bool = True, gpus_per_lane: float = 0
 ) -> int:
-    """Slots of each Ray pool (``ray_spark`` and ``ray_train``): the lanes the cluster holds, never 0.
+    """Slots of each Ray pool (``ray_spark`` and ``ray_train``), never 0.
 
     A lane is one Spark job and one training running whole side by side: :data:`CPUS_PER_WARM_LANE`
     with the warm pools (the DAGs' default), two :data:`CPUS_PER_RAY_TASK` when each job starts its
-    own Spark or worker group (``warm=False``), and ``gpus_per_lane`` GPUs for GPU training. With every
-    lane busy each job still finds its whole request free, so no two half-started jobs of one kind
-    wait on each other. A cluster smaller than one lane still gets a slot of each: a training's
-    workers start as one placement group, so it waits for the Spark job's CPUs and never holds part
-    of them (the runs queue in Ray instead of in the pools).
+    own Spark or worker group (``warm=False``), and ``gpus_per_lane`` GPUs for GPU training.
+
+    - Warm: two slots per lane. One task's job runs in the lane's Spark session (or worker group)
+      while the next task starts, submits and waits at that replica (``emr_ray.jobs.warm.serve``),
+      so Airflow's seconds per task (a process, the DAG's parse, the submission, the resume after
+      deferral) overlap the running job instead of adding to it; the replica runs one job at a time.
+    - Cold: one slot per lane, so every job finds its whole request free: a second cold job would
+      start its own Spark or group and hold part of the CPUs the first one needs.
+    - A cluster smaller than one lane gets one slot of each: a training's workers start as one
+      placement group, so it waits in Ray for the Spark job's CPUs and never holds part of them.
     """
     lanes = int(num_cpus // (CPUS_PER_WARM_LANE if warm else 2 * CPUS_PER_RAY_TASK))
     if gpus_per_lane:
         lanes = min(lanes, int(num_gpus // gpus_per_lane))
-    return max(1, lanes)
+    return 2 * lanes if warm and lanes else max(1, lanes)
 
 
 @dataclass

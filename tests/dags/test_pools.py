@@ -1,5 +1,5 @@
 """The Airflow pools: every Ray task of every DAG queues in the pool of its kind of work, the local
-Airflow creates exactly those pools, and each Ray pool gets one slot per lane the cluster holds."""
+Airflow creates exactly those pools, and each Ray pool is sized from the lanes the cluster holds."""
 
 from __future__ import annotations
 
@@ -58,11 +58,14 @@ def test_the_local_airflow_creates_every_pool_the_dags_use(dags):
     ("cpus", "gpus", "kwargs", "slots"),
     [
         (2, 0, {}, 1),  # smaller than a lane: one of each kind; the training's placement group waits
-        (3, 0, {}, 1),  # a warm session's executor beside a 2-worker group
-        (6, 0, {}, 2),
-        (8, 0, {"warm": False}, 2),  # each job starts its own Spark or worker group: 4 CPUs a lane
-        (64, 8, {"gpus_per_lane": 4}, 2),  # GPU training: the GPUs bound it
+        (3, 0, {}, 2),  # a warm session's executor beside a 2-worker group: one job runs, one waits
+        (6, 0, {}, 4),
+        (3, 0, {"warm": False}, 1),  # each job starts its own Spark or worker group: 4 CPUs a lane
+        (8, 0, {"warm": False}, 2),
+        (64, 8, {"gpus_per_lane": 4}, 4),  # GPU training: the GPUs bound the lanes
     ],
 )
-def test_each_ray_pool_gets_a_slot_per_lane_and_never_none(cpus, gpus, kwargs, slots):
+def test_each_ray_pool_gets_slots_per_lane_and_never_none(cpus, gpus, kwargs, slots):
+    """Warm: two per lane, one task's job running in the lane's replica while the next starts and
+    waits at it; cold: one per lane, so each job finds its whole request free."""
     assert ray_pool_slots(cpus, gpus, **kwargs) == slots
