@@ -31,8 +31,8 @@ from emr_ray.params import PROMOTION_POOL, SPARK_POOL, TRAIN_POOL
 USER = "admin"
 #: the pools the example DAGs' tasks take a slot of (``make airflow`` creates them)
 POOLS = {
-    SPARK_POOL: "Tasks that run Spark on Ray: one slot per lane of the cluster",
-    TRAIN_POOL: "Tasks that train on Ray: one slot per lane of the cluster",
+    SPARK_POOL: "Tasks that run Spark on Ray, sized from the cluster's lanes (README: Sizing the pools)",
+    TRAIN_POOL: "Tasks that train on Ray, sized from the cluster's lanes (README: Sizing the pools)",
     PROMOTION_POOL: "Model promotions, one at a time: each decides against the champion the last one left",
 }
 COMPONENTS = {
