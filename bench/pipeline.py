@@ -393,8 +393,8 @@ def report(result: dict[str, Any]) -> str:
             f"{b['jobs']} Ray jobs ({b['cpu_seconds_reserved_per_task']}) over {b['cluster_cpus']:.0f} CPUs x "
             f"{b['wall_s']:.0f} s",
             f"- at most {b['max_concurrent_jobs']} Ray job(s) at once (ray_spark and ray_train pools: "
-            f"{b['ray_pool_slots']} slot(s) each; max_active_runs {b['max_active_runs']}); no Ray job running for {b['idle_s']:.0f} s of "
-            f"the {b['wall_s']:.0f} s",
+            f"{b['ray_pool_slots']} slot(s) each; max_active_runs {b['max_active_runs']}); no Ray job "
+            f"running for {b['idle_s']:.0f} s of the {b['wall_s']:.0f} s",
         ]
     return "\n".join(text)
 

@@ -45,6 +45,7 @@ pytest_plugins = [
     "tests.fixtures.pipeline",
     "tests.fixtures.hdfs",
     "tests.fixtures.airflow_live",
+    "tests.fixtures.dag_files",
 ]
 
 

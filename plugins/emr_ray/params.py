@@ -37,7 +37,7 @@ def history_start() -> Any:
 MAX_ACTIVE_RUNS = 8
 
 #: the Airflow pool of tasks that run Spark on Ray (preprocessing), and the one of tasks that train
-#: on Ray: one pool per kind of work, each with a slot per "lane" of the cluster (a Spark job and a
+#: on Ray: one pool per kind of work, each sized from the "lanes" of the cluster (a Spark job and a
 #: training side by side; README "Sizing the pools"), so a run's training never queues behind the
 #: preprocessing of the runs after it, as it did when both kinds shared one pool
 SPARK_POOL = "ray_spark"

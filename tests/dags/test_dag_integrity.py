@@ -13,13 +13,6 @@ DAGS = Path(__file__).resolve().parents[2] / "dags"
 HEAVY = ("ray", "torch", "pyspark", "raydp", "mlflow")
 
 
-@pytest.fixture(scope="module")
-def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(DAGS))
-
-
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
     assert "retrain_tabular" in dagbag.dags

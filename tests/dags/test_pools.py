@@ -3,8 +3,6 @@ Airflow creates exactly those pools, and each Ray pool is sized from the lanes t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from devstack.airflow import POOLS, ray_pool_slots
@@ -13,16 +11,11 @@ from emr_ray.operators.ray import RayJobOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.params import PROMOTION_POOL, SPARK_POOL, TRAIN_POOL
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
-
 
 @pytest.fixture(scope="module")
-def dags():
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(DAGS))
-    assert not bag.import_errors, bag.import_errors
-    return bag.dags
+def dags(dagbag):
+    assert not dagbag.import_errors, dagbag.import_errors
+    return dagbag.dags
 
 
 def expected_pool(task) -> str | None:

@@ -3,20 +3,9 @@ change to one task's scaling that the check does not follow fails here, not on a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from emr_ray.run_request import RunRequest, parse_memory
-
-DAGS = Path(__file__).resolve().parents[3] / "dags"
-
-
-@pytest.fixture(scope="module")
-def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(DAGS))
 
 
 def tasks_request(dag) -> RunRequest:
