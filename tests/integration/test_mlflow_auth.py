@@ -212,9 +212,11 @@ def test_the_password_is_not_in_the_job_info_of_the_jobs_api(conns: AuthMLflowSe
 def test_a_warm_group_logs_and_compares_with_the_login_and_keeps_none_of_it(
     conns: AuthMLflowServer, flow: Flow, staged, tmp_path: Path
 ) -> None:
-    """With ``worker_group="shared"`` the warm group's rank 0 logs the model and scores the champion
-    (``jobs/train_finish.py``) with the job's login, which reaches it with that call only (removed
-    after it: ``tests/unit/jobs/test_train_group.py``) and shows in no job info or log."""
+    """With ``worker_group="shared"`` the warm group's rank 0 does every MLflow step of the run: it
+    starts the run, logs each epoch, logs the model and scores the champion (``jobs/train_finish.py``),
+    ends the run, and after the lease logs the job's usage, each with the job's login, which reaches
+    it with that call only (removed after it: ``tests/unit/jobs/test_train_group.py``; the usage's
+    goes with its request alone) and shows in no job info or log."""
     op = train_op(staged, tmp_path)
     op.worker_group, op.compare_with_model = "shared", MODEL
     ti = FakeTaskInstance("train_warm")
@@ -227,7 +229,15 @@ def test_a_warm_group_logs_and_compares_with_the_login_and_keeps_none_of_it(
     with conns.logged_in(*conns.user):
         run = client(conns).get_run(trained["mlflow_run_id"])
         logged = client(conns).search_logged_models(experiment_ids=[run.info.experiment_id])
+        history = client(conns).get_metric_history(run.info.run_id, "test_loss")
     assert run.info.status == "FINISHED" and run.data.tags["compare.champion_version"] == "1"
+    assert sorted(m.step for m in history) == [0, 1] and run.data.params["epochs"] == "2"
+    final = trained["final_metrics"]["test_accuracy"]
+    assert (
+        run.data.metrics["final_test_accuracy"] == pytest.approx(final)
+        and run.data.metrics["fit_seconds"] > 0
+    )
+    assert run.data.metrics["usage.wall_seconds"] == pytest.approx(trained["usage"]["wall_seconds"])
     assert [m.name for m in logged if m.source_run_id == run.info.run_id] == ["model"]
     job = RayHook().get_job(op._submission_id)
     assert conns.user[1] not in json.dumps(job) + RayHook().get_job_logs(op._submission_id)

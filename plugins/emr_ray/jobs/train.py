@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,36 +184,38 @@ class Fitted:
     comparison: dict[str, Any] | None = None
 
 
-def fit_and_log(trainer, spec: TrainJobSpec, plan: dict[str, Any], options, mlflow_run_id: str) -> Fitted:
-    """Fit, then log the best checkpoint's model, the loss curve and the final metrics; mark the run.
+def fit_and_log(
+    trainer, spec: TrainJobSpec, plan: dict[str, Any], options, mlflow_run_id: str | None
+) -> Fitted:
+    """Fit, then log the best checkpoint's model, the loss curve and the final metrics; end the run.
 
-    A warm group logs the model and compares with the champion on its rank 0 within the fit
-    (:mod:`emr_ray.jobs.train_finish`); after Ray Train's fit, this driver does.
+    A warm group starts the run, logs the model, compares with the champion and ends the run on its
+    rank 0 within the fit (:mod:`emr_ray.jobs.train_warm`; ``mlflow_run_id`` None: the trainer's);
+    after Ray Train's fit, this driver does. A failed fit marks the run FAILED.
     """
-    mlflow_client = tracking.client(spec)
     try:
         started = time.monotonic()
         result = trainer.fit()
         seconds = time.monotonic() - started
+        mlflow_run_id = mlflow_run_id or trainer.mlflow_run_id
         if result.error:
             raise result.error
         best = result.get_best_checkpoint(spec.checkpoint.score_attribute, spec.checkpoint.score_order)
         best = best or result.checkpoint
         if best is None:
             raise RuntimeError(f"Training {spec.run_name} finished without a checkpoint; nothing to log.")
-        finished = getattr(result, "finished", None)  # a warm group's rank 0 logged and compared
-        if finished is not None:
+        finished = getattr(result, "finished", None) or {}  # what a warm group's rank 0 did
+        if "comparison" in finished:
             comparison = finished["comparison"]
         else:
             comparison = train_finish.log_and_compare(spec, plan, options, mlflow_run_id, best)
         final = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
-        for key in ("test_accuracy", "test_loss"):
-            if key in final:
-                mlflow_client.log_metric(mlflow_run_id, f"final_{key}", float(final[key]))
-        mlflow_client.log_metric(mlflow_run_id, "fit_seconds", seconds)
-        mlflow_client.set_terminated(mlflow_run_id, status="FINISHED")
+        if not finished.get("ended"):
+            tracking.end_run(spec, mlflow_run_id, final, seconds)
     except BaseException:
-        mlflow_client.set_terminated(mlflow_run_id, status="FAILED")
+        failed_run = mlflow_run_id or getattr(trainer, "mlflow_run_id", None)
+        if failed_run:  # none when a warm group failed before its rank 0 started the run
+            tracking.client(spec).set_terminated(failed_run, status="FAILED")
         raise
     return Fitted(result, best, final, seconds, comparison)
 
@@ -276,30 +279,48 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     # a killed job's warm call on this run may still be writing its checkpoints: one writer per run
     train_group.wait_for_abandoned_calls(storage.join(spec.storage_path, spec.run_name))
     resuming = state.get("mlflow_run_id")
-    state = {"fingerprint": print_key, "mlflow_run_id": tracking.start_run(spec, resuming)}
-    run_state.write(state)
-    mlflow_run_id = state["mlflow_run_id"]
-    if resuming:
-        tracking.backfill_checkpointed_epochs(run_state.fsys, run_state.path, spec, mlflow_run_id)
-    _usage.lap("mlflow_start")
+    state = {"fingerprint": print_key}
 
+    def record_run(run_id: str) -> None:  # before this attempt's first checkpoint: a retry resumes the run
+        state["mlflow_run_id"] = run_id
+        run_state.write(state)
+
+    mlflow_run_id: str | None = None
     if spec.worker_group == "shared":  # a warm group that outlives this job (jobs/train_group.py)
         from emr_ray.jobs.train_warm import WarmTrainer
 
-        trainer = WarmTrainer(spec, plan, options, mlflow_run_id, ray.get_runtime_context().runtime_env)
+        # its rank 0 starts the run within the lease: this driver imports no MLflow (jobs/train_warm.py)
+        trainer = WarmTrainer(spec, plan, options, ray.get_runtime_context().runtime_env,
+                              resume_run_id=resuming, on_run_started=record_run)  # fmt: skip
+        global _usage_logger
+        _usage_logger = trainer.log_usage
     else:
+        record_run(mlflow_run_id := tracking.start_run(spec, resuming))
+        if resuming:
+            tracking.backfill_checkpointed_epochs(run_state.fsys, run_state.path, spec, mlflow_run_id)
+        _usage.lap("mlflow_start")
         # idle warm pools give way to Ray Train's worker group (a small cluster has no CPU for both)
         warm.release_idle(spec.scaling.cpus)
         trainer = build_trainer(spec, plan, options, mlflow_run_id)
     _usage.lap("build_trainer")
     fitted = fit_and_log(trainer, spec, plan, options, mlflow_run_id)
     _usage.lap("log", fit=fitted.seconds)  # fit: worker group start + epochs (their seconds: epoch metrics)
-    output = result_of(spec, fitted, mlflow_run_id, rows)
+    output = result_of(spec, fitted, state["mlflow_run_id"], rows)
     if getattr(fitted.result, "group", None):
         output["worker_group"] = fitted.result.group
     run_state.write(state | {"result": output})
     return output
 
 
+#: who logs the job's usage on its MLflow run: this driver, or on the warm path the group's rank 0
+#: (set by :func:`run`), so that the driver imports no MLflow
+_usage_logger: Callable[[TrainJobSpec, dict[str, Any]], None] = tracking.log_usage
+
+
+def record_usage(spec: TrainJobSpec, result: dict[str, Any]) -> None:
+    """The job's ``after`` (:func:`emr_ray.jobs._runtime.main`): its usage on its MLflow run."""
+    _usage_logger(spec, result)
+
+
 if __name__ == "__main__":
-    main(run, spec_type=TrainJobSpec, after=tracking.log_usage, fast_exit=True)
+    main(run, spec_type=TrainJobSpec, after=record_usage, fast_exit=True)

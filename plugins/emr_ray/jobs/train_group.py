@@ -86,6 +86,7 @@ class TrainWorker:
         self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray sets the visible GPU
         self.reports: list[dict[str, Any]] = []
         self.call = ""  # the running call's id: reports are read by call, never another job's
+        self._login = threading.Lock()  # one call's MLflow login in the environment at a time
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port: where rank 0 hosts the process group's rendezvous."""
@@ -153,11 +154,26 @@ class TrainWorker:
             raise RuntimeError(f"after_fit for call {call}, but this worker last ran call {self.call}")
         lines = warm.CallLog.attach()
         try:
-            with scoped_environ(env):
+            with self._login, scoped_environ(env):
                 value = import_by_path(fn)(**kwargs)
         finally:
             warm.CallLog.detach()
         return {"value": value, "log": lines}
+
+    def mlflow_step(self, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+        """Run ``fn`` (an import path: the job's MLflow run start, an epoch's metrics) in the control
+        group, beside the loop, with ``env`` (the job's MLflow login) set for this call only.
+
+        The job's fresh driver would import MLflow and open its store for these (2-3 s a job); this
+        process did once. Only the lease holder passes a login this way (its loop is the only job's
+        code running here meanwhile); after its lease, a job passes its login inside ``kwargs`` to a
+        function that hands it to the request alone (``train_mlflow.log_usage_as``).
+        """
+        from emr_ray.mlflow_auth import scoped_environ
+        from emr_ray.spec import import_by_path
+
+        with self._login, scoped_environ(env):
+            return import_by_path(fn)(**kwargs)
 
     def alive(self) -> bool:
         """Answers while the process lives: a group is leased only when every worker answers."""
@@ -326,11 +342,17 @@ def fit_shared(
     on_report: Callable[[dict[str, Any]], None],
     idle_timeout_s: float,
     job_runtime_env: Mapping[str, Any],
+    before: Callable[[Callable[..., Any]], Any] | None = None,
     after: Callable[[Callable[..., Any]], Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``train_loop`` once on the warm group for ``scaling`` (started if there is none), from the
     checkpoint ``resume_path()`` names; ``on_report`` gets rank 0's reports as they come. Returns the
     group's figures for the call. Raises :class:`GroupFailed` (group retired) when a worker fails.
+
+    ``before(step)``, when given, runs once the lease is taken, before the loop: ``step(fn, kwargs, env)``
+    runs ``fn`` on rank 0 beside the loop (:meth:`TrainWorker.mlflow_step`), and ``before`` may keep
+    it for ``on_report`` until this call returns. Its errors are the job's: the group stays sound
+    (one that loses rank 0 raises :class:`GroupFailed`).
 
     ``after(run_on_rank0)``, when given, runs once the loop has succeeded, still within the lease:
     ``run_on_rank0(fn, kwargs, env)`` runs ``fn`` on rank 0 (:meth:`TrainWorker.after_fit`) and returns
@@ -342,8 +364,26 @@ def fit_shared(
     runtime_env = warm.pool_runtime_env(job_runtime_env)
     lease = _lease(group_key(scaling, runtime_env), scaling, idle_timeout_s, runtime_env, run_uri)
     group, workers, name = lease.pop("group"), lease["workers"], lease["name"]
-    began, ok, seen = time.time(), False, 0
+    began, ok, seen = time.time(), True, 0  # ok: the group is sound (until the loop starts)
+
+    def step(fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+        nonlocal ok
+        try:
+            return ray.get(
+                workers[0].mlflow_step.options(concurrency_group="control").remote(fn, kwargs, env)
+            )
+        except ray.exceptions.RayActorError as e:
+            ok = False
+            raise GroupFailed(f"Warm worker group {name}: rank 0 died: {e}") from e
+        except ray.exceptions.RayTaskError as e:  # the step's own error, as raised (a refused login is
+            if isinstance(e.cause, Exception):  # a JobInputError: exit 2)
+                raise e.cause from e
+            raise
+
     try:
+        if before is not None:
+            before(step)
+        ok = False  # a failed loop may leave the workers stuck in a collective
         call, resume = lease["lease"], resume_path()
         refs = [w.run.remote(call, train_loop, config, options, run_uri, resume) for w in workers]
         pending = list(refs)
@@ -388,7 +428,7 @@ def fit_shared(
     return {
         "name": name, "calls": calls, "reused": lease["calls"] > 0, "start_seconds": lease["start_seconds"],
         "cpus": lease["cpus"], "gpus": lease["gpus"], "call_started_at": began, "call_ended_at": time.time(),
-        "log": outs[0]["log"], "after": finished,
+        "log": outs[0]["log"], "after": finished, "rank0": workers[0],
     }  # fmt: skip
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from emr_ray import mlflow_auth, secrets
 from emr_ray import train as emr_train
@@ -98,10 +99,44 @@ def _start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
     return run.info.run_id
 
 
+def begin_run(spec: TrainJobSpec, options: Any, resume_run_id: str | None) -> str:
+    """:func:`start_run`, and when resuming, :func:`backfill_checkpointed_epochs` from the run's folder
+    (read with ``options``): the run's first step, as one call to a warm group's rank 0."""
+    from emr_ray import storage
+
+    run_id = start_run(spec, resume_run_id)
+    if resume_run_id:
+        fsys, path = storage.resolve(storage.join(spec.storage_path, spec.run_name), options)
+        backfill_checkpointed_epochs(fsys, path, spec, run_id)
+    return run_id
+
+
+def end_run(spec: TrainJobSpec, mlflow_run_id: str, final: dict[str, Any], fit_seconds: float) -> None:
+    """The run's last step: the final epoch's test metrics and the fit's seconds, then FINISHED."""
+    import mlflow
+
+    stamp = int(time.time() * 1000)
+    values = {f"final_{key}": float(final[key]) for key in ("test_accuracy", "test_loss") if key in final}
+    values["fit_seconds"] = float(fit_seconds)
+    mlflow_client = client(spec)
+    mlflow_client.log_batch(
+        mlflow_run_id, metrics=[mlflow.entities.Metric(k, v, stamp, 0) for k, v in values.items()]
+    )
+    mlflow_client.set_terminated(mlflow_run_id, status="FINISHED")
+
+
 def log_usage(spec: TrainJobSpec, result: dict[str, Any]) -> None:
     """Log what the job used as ``usage.*`` metrics on the MLflow run it trained (not on a reused run:
     that run has the figures of the job that trained it). From the job, whose MLflow client is up:
     the Airflow side then needs no MLflow import for it."""
+    log_usage_as(spec, result, None)
+
+
+def log_usage_as(spec: TrainJobSpec, result: dict[str, Any], credentials: dict[str, str] | None) -> None:
+    """:func:`log_usage` with ``credentials`` (:func:`emr_ray.mlflow_auth.credentials`) passed to this
+    request only, never through ``os.environ``: on a warm group's rank 0 after the job's lease, where
+    another job's loop may run meanwhile and must not see them (None: the process's own, as the
+    driver has them)."""
     import mlflow
 
     from emr_ray.jobs._usage import mlflow_metrics
@@ -111,10 +146,36 @@ def log_usage(spec: TrainJobSpec, result: dict[str, Any]) -> None:
     if not run_id or not metrics or result.get("reused"):
         return
     stamp = int(time.time() * 1000)
-    client(spec).log_batch(
-        run_id,
-        metrics=[mlflow.entities.Metric(key, value, stamp, 0) for key, value in sorted(metrics.items())],
+    batch = [mlflow.entities.Metric(key, value, stamp, 0) for key, value in sorted(metrics.items())]
+    if credentials is None:
+        client(spec).log_batch(run_id, metrics=batch)
+    elif urlsplit(spec.mlflow.tracking_uri).scheme not in ("http", "https"):  # a database or files: no login
+        mlflow.MlflowClient(tracking_uri=spec.mlflow.tracking_uri).log_batch(run_id, metrics=batch)
+    else:
+        _rest_store_as(spec.mlflow.tracking_uri, credentials).log_batch(run_id, batch, [], [])
+
+
+def _rest_store_as(tracking_uri: str, credentials: dict[str, str]):
+    """MLflow's REST store for ``tracking_uri`` whose requests carry ``credentials`` (it reads its login
+    per request from the function it is given; MLflow's default function reads the environment)."""
+    from mlflow.environment_variables import (
+        MLFLOW_TRACKING_CLIENT_CERT_PATH,
+        MLFLOW_TRACKING_SERVER_CERT_PATH,
     )
+    from mlflow.store.tracking.rest_store import RestStore
+    from mlflow.utils.rest_utils import MlflowHostCreds
+
+    insecure = credentials.get(mlflow_auth.INSECURE_TLS, "").lower() in ("true", "1")
+    creds = MlflowHostCreds(
+        tracking_uri,
+        username=credentials.get(mlflow_auth.USERNAME),
+        password=credentials.get(mlflow_auth.PASSWORD),
+        token=credentials.get(mlflow_auth.TOKEN),
+        ignore_tls_verification=insecure,
+        client_cert_path=MLFLOW_TRACKING_CLIENT_CERT_PATH.get(),
+        server_cert_path=None if insecure else MLFLOW_TRACKING_SERVER_CERT_PATH.get(),
+    )
+    return RestStore(lambda: creds)
 
 
 def epoch_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
@@ -129,17 +190,28 @@ def epoch_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
 
 
 def log_epoch(tracking_uri: str, mlflow_run_id: str, epochs: int, metrics: dict[str, Any]) -> None:
-    """Print one epoch's metrics (the task log's progress) and log them to the MLflow run.
-
-    Runs where the reports arrive: Ray Train's controller actor, or the job's driver for a warm group.
-    """
-    import mlflow
-
+    """Print one epoch's metrics (the task log's progress) and log them to the MLflow run, where the
+    reports arrive: Ray Train's controller actor (a warm group's job prints them and its rank 0 logs
+    them: :func:`print_epoch`, :func:`log_epoch_metrics`)."""
     ensure_credentials()  # in Ray Train's controller actor, not in the driver
+    print_epoch(epochs, metrics)
+    log_epoch_metrics(tracking_uri, mlflow_run_id, metrics)
+
+
+def print_epoch(epochs: int, metrics: dict[str, Any]) -> None:
+    """``[emr_ray] epoch 3/5 test_loss=0.4123 ...``: one line per epoch in the job's (and task's) log."""
     first = dict(metrics)
     epoch = int(first.pop("epoch", 0))
     text = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(first.items()))
     print(f"[emr_ray] epoch {epoch + 1}/{epochs} {text}", flush=True)
+
+
+def log_epoch_metrics(tracking_uri: str, mlflow_run_id: str, metrics: dict[str, Any]) -> None:
+    """One epoch's numeric metrics on the MLflow run, at the epoch's step."""
+    import mlflow
+
+    first = dict(metrics)
+    epoch = int(first.pop("epoch", 0))
     numeric = {k: float(v) for k, v in first.items() if isinstance(v, (int, float))}
     mlflow.MlflowClient(tracking_uri=tracking_uri).log_batch(
         mlflow_run_id,

@@ -9,11 +9,19 @@ replaced by a fresh one that resumes from the latest checkpoint, up to ``max_fai
 After the loop, still within the lease, rank 0 logs the best checkpoint's model and compares it with
 the champion (:mod:`emr_ray.jobs.train_finish`): its process outlives the job, so what a first model
 log costs (2-3 s) it pays once, not once per job.
+
+The job's driver imports no MLflow (what it would cost, 2-3 s a job: the import and opening the
+store, is most of a warm training's fixed cost). Rank 0 does every MLflow step of the run: it starts
+the run once the lease is taken (and the driver then records its id in the run's state), logs each
+epoch's metrics as the driver prints them, logs the model, ends the run, and, after the lease, logs
+the job's usage (:func:`WarmTrainer.log_usage`). Each step gets the job's MLflow login with the call.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +32,12 @@ from emr_ray.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
 from emr_ray.spec import TrainJobSpec
 
 log = logging.getLogger("emr_ray.jobs.train")
-#: the job's last step, run on rank 0 after the loop
+#: the run's MLflow steps on rank 0: start (before the loop), each epoch, the model, the end, the usage
+BEGIN = "emr_ray.jobs.train_mlflow:begin_run"
+EPOCH = "emr_ray.jobs.train_mlflow:log_epoch_metrics"
 FINISH = "emr_ray.jobs.train_finish:log_and_compare_stored"
+END = "emr_ray.jobs.train_mlflow:end_run"
+USAGE = "emr_ray.jobs.train_mlflow:log_usage_as"
 
 
 @dataclass
@@ -37,7 +49,8 @@ class WarmFitResult:
     best_checkpoints: list[tuple[StoredCheckpoint, dict[str, Any]]]
     group: dict[str, Any] = field(default_factory=dict)
     error: BaseException | None = None
-    #: what rank 0 did after the loop (``comparison``): the model is logged (jobs/train_finish.py)
+    #: what rank 0 did after the loop: ``comparison`` (the model is logged: jobs/train_finish.py) and
+    #: ``ended`` (the run is FINISHED with its final metrics)
     finished: dict[str, Any] | None = None
 
     def get_best_checkpoint(self, metric: str, mode: str) -> StoredCheckpoint | None:
@@ -46,20 +59,29 @@ class WarmFitResult:
 
 
 class WarmTrainer:
-    """``fit()`` on the warm worker group for ``spec.scaling``."""
+    """``fit()`` on the warm worker group for ``spec.scaling``; rank 0 starts the MLflow run (resuming
+    ``resume_run_id`` when given) and ``on_run_started(run_id)`` records it before the loop runs."""
 
     def __init__(self, spec: TrainJobSpec, plan: dict[str, Any], options: storage.StorageOptions,
-                 mlflow_run_id: str, job_runtime_env: dict[str, Any]) -> None:  # fmt: skip
-        self.spec, self.plan, self.options = spec, plan, options
-        self.mlflow_run_id, self.job_runtime_env = mlflow_run_id, job_runtime_env
+                 job_runtime_env: dict[str, Any], *, resume_run_id: str | None = None,
+                 on_run_started: Callable[[str], None] = lambda run_id: None) -> None:  # fmt: skip
+        self.spec, self.plan, self.options, self.job_runtime_env = spec, plan, options, job_runtime_env
+        self.resume_run_id, self.on_run_started = resume_run_id, on_run_started
+        self.mlflow_run_id: str | None = None
         self.run_uri = storage.join(spec.storage_path, spec.run_name)
         fsys, run_path = storage.resolve(self.run_uri, options)
         self.store = CheckpointStore(fsys, run_path, spec.checkpoint)
         self.last: dict[str, Any] = {}
+        self.rank0: Any = None  # the last call's rank 0 (its usage is logged there: log_usage)
+        tracking.ensure_credentials()
+        self.login = mlflow_auth.credentials()  # the job's MLflow login, passed with each rank-0 step
+        self._step: Callable[..., Any] | None = None
+        self._began = 0.0
 
     def fit(self) -> WarmFitResult:
         spec = self.spec
         failures = 0
+        self._began = time.monotonic()
         while True:
             try:
                 group = train_group.fit_shared(
@@ -67,7 +89,7 @@ class WarmTrainer:
                     self.options, self.run_uri,
                     resume_path=self._resume_path, on_report=self._on_report,
                     idle_timeout_s=spec.worker_group_idle_timeout_s, job_runtime_env=self.job_runtime_env,
-                    after=self._finish,
+                    before=self._begin, after=self._finish,
                 )  # fmt: skip
                 break
             except train_group.GroupFailed as e:
@@ -82,6 +104,7 @@ class WarmTrainer:
                       group["call_started_at"], group["call_ended_at"])  # fmt: skip
         log.info("Warm worker group %s: call %d (%s)", group["name"], group["calls"],
                  "warm" if group["reused"] else f"started in {group['start_seconds']:.1f}s")  # fmt: skip
+        self.rank0 = group["rank0"]
         done = group["after"]  # the run's checkpoints after the loop, read once (_finish)
         latest = done["latest"]
         return WarmFitResult(
@@ -92,24 +115,51 @@ class WarmTrainer:
             finished=done["finished"],
         )
 
+    def _begin(self, step: Callable[..., Any]) -> None:
+        """Within the lease, before the loop: rank 0 starts the MLflow run (or resumes it, logging the
+        epochs a stopped attempt checkpointed), and the job records its id before any checkpoint of
+        this attempt exists. A retry in a fresh group keeps the run it started."""
+        self._step = step
+        if self.mlflow_run_id is None:
+            kwargs = {"spec": self.spec, "options": self.options, "resume_run_id": self.resume_run_id}
+            self.mlflow_run_id = step(BEGIN, kwargs, self.login)
+            if self.resume_run_id:
+                log.info("Resuming MLflow run %s", self.mlflow_run_id)
+            self.on_run_started(self.mlflow_run_id)
+
     def _finish(self, run_on_rank0) -> dict[str, Any]:
         """Within the lease, once the loop is done: keep the run's checkpoints by score, then rank 0
         logs the best one's model and compares it with the champion, with the job's MLflow
-        credentials for that call only (jobs/train_finish.py). Returns the kept checkpoints, the
-        latest and what rank 0 did (None without a checkpoint: fit_and_log says so, or when rank 0
-        died: the driver logs and compares instead)."""
+        credentials for that call only (jobs/train_finish.py), and ends the run with its final
+        metrics. Returns the kept checkpoints, the latest and what rank 0 did (None without a
+        checkpoint: fit_and_log says so, or when rank 0 died: the driver logs, compares and ends)."""
         kept, latest = self.store.retain(), self.store.latest()
         best = kept[0][0] if kept else (latest[0] if latest else None)
         finished = None
         if best is not None:
-            tracking.ensure_credentials()
             kwargs = {"spec": self.spec, "plan": self.plan, "options": self.options,
                       "mlflow_run_id": self.mlflow_run_id, "checkpoint_path": best.path}  # fmt: skip
             try:
-                finished = {"comparison": run_on_rank0(FINISH, kwargs, mlflow_auth.credentials())}
+                finished = {"comparison": run_on_rank0(FINISH, kwargs, self.login), "ended": False}
+                final = self.last or (latest[1] if latest else {})
+                end = {"spec": self.spec, "mlflow_run_id": self.mlflow_run_id, "final": numeric(final),
+                       "fit_seconds": time.monotonic() - self._began}  # fmt: skip
+                run_on_rank0(END, end, self.login)
+                finished["ended"] = True
             except train_group.Rank0Lost as e:
-                log.warning("%s; this job's driver logs the model and compares instead", e)
+                log.warning("%s; this job's driver does the rest of the run's last step", e)
         return {"kept": kept, "latest": latest, "finished": finished}
+
+    def log_usage(self, spec: TrainJobSpec, result: dict[str, Any]) -> None:
+        """After the job's lease: rank 0 logs the job's usage on its MLflow run, the login passed with
+        the request, never through the environment (another job's loop may run there meanwhile)."""
+        import ray
+
+        if self.rank0 is None:
+            return
+        ray.get(self.rank0.mlflow_step.options(concurrency_group="control").remote(
+            USAGE, {"spec": spec, "result": result, "credentials": self.login}, {}
+        ))  # fmt: skip
 
     def _resume_path(self) -> str | None:
         latest = self.store.latest()
@@ -120,9 +170,17 @@ class WarmTrainer:
         return latest[0].path if latest else None
 
     def _on_report(self, report: dict[str, Any]) -> None:
+        """An epoch's report: its line in the job's log, its metrics on the MLflow run (by rank 0)."""
         self.last = dict(report["metrics"])
-        tracking.log_epoch(
-            self.spec.mlflow.tracking_uri, self.mlflow_run_id, self.spec.epochs, report["metrics"]
-        )
+        tracking.print_epoch(self.spec.epochs, report["metrics"])
+        assert self._step is not None  # set by _begin, within the lease
+        kwargs = {"tracking_uri": self.spec.mlflow.tracking_uri, "mlflow_run_id": self.mlflow_run_id,
+                  "metrics": report["metrics"]}  # fmt: skip
+        self._step(EPOCH, kwargs, self.login)
         if report.get("checkpoint"):
             self.store.retain()
+
+
+def numeric(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers among a report's metrics (what the run's final metrics are read from)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}

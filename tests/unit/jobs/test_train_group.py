@@ -174,39 +174,109 @@ def test_rank_0s_last_step_sees_the_jobs_credentials_only_during_its_call(monkey
     assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
     with pytest.raises(RuntimeError, match="last ran call call-1"):  # never another job's call
         worker.after_fit("call-2", f"{__name__}:seen_credentials", {"name": "run-2"}, login)
+    # the run's other steps (its start, each epoch), beside the loop: the same login, for the call only
+    assert worker.mlflow_step(f"{__name__}:seen_credentials", {"name": "run-1"}, login) == login
+    assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
 
 
-def test_rank_0_logs_the_best_kept_checkpoint_and_if_it_dies_the_driver_logs_it_instead(tmp_path, plan):
-    """After the loop, rank 0 is asked to log the best checkpoint (by the spec's score). If rank 0
-    dies in that step, the loop's work is whole in the run's folder: the job goes on without rank 0's
-    outcome, and ``fit_and_log`` logs that same checkpoint from the driver."""
+def warm_spec(tmp_path):
+    from emr_ray.spec import MLflowSection, TrainJobSpec
+
+    return TrainJobSpec(
+        train_loop="include.models.tabular:train_loop", datasets={"train": "file:///d/dt=2026-01-01"},
+        run_name="r", storage_path=f"file://{tmp_path}/ckpt", checkpoint=CheckpointSpec(num_to_keep=1),
+        mlflow=MLflowSection(tracking_uri="http://127.0.0.1:1", experiment_name="e"), worker_group="shared",
+        config={"epochs": 3},
+    )  # fmt: skip
+
+
+def test_rank_0_logs_the_best_kept_checkpoint_ends_the_run_and_if_it_dies_the_driver_does(tmp_path, plan):
+    """After the loop, rank 0 is asked to log the best checkpoint (by the spec's score), then to end
+    the run with the last epoch's metrics. If rank 0 dies in that step, the loop's work is whole in the
+    run's folder: the job goes on without rank 0's outcome, and ``fit_and_log`` logs that same
+    checkpoint and ends the run from the driver."""
     from pyarrow import fs as pafs
 
     from emr_ray.jobs.train_group import Rank0Lost
-    from emr_ray.jobs.train_warm import FINISH, WarmTrainer
-    from emr_ray.spec import TrainJobSpec
+    from emr_ray.jobs.train_warm import END, FINISH, WarmTrainer
     from emr_ray.storage import StorageOptions
 
-    spec = TrainJobSpec(
-        train_loop="include.models.tabular:train_loop", datasets={"train": "file:///d/dt=2026-01-01"},
-        run_name="r", storage_path=f"file://{tmp_path}/ckpt", checkpoint=CheckpointSpec(num_to_keep=1),
-        mlflow={"tracking_uri": "http://127.0.0.1:1", "experiment_name": "e"}, worker_group="shared",
-    )  # fmt: skip
     for epoch, loss in enumerate([0.5, 0.3, 0.4]):
         write_checkpoint(pafs.LocalFileSystem(), f"{tmp_path}/ckpt/r", tmp_path, epoch, loss)
-    trainer = WarmTrainer(spec, plan[shards.PLAN_KEY], StorageOptions(), "run-1", {})
+    trainer = WarmTrainer(warm_spec(tmp_path), plan[shards.PLAN_KEY], StorageOptions(), {})
+    trainer.mlflow_run_id = "run-1"
+    trainer.last = {"epoch": 2, "test_loss": 0.4, "note": "not a number"}
     asked: list = []
 
     def rank0_logs(fn, kwargs, env):
-        asked.append((fn, kwargs["checkpoint_path"]))
-        return {"champion": None}
+        asked.append((fn, kwargs))
+        return {"champion": None} if fn == FINISH else None
 
     def rank0_dies(fn, kwargs, env):
         raise Rank0Lost("Warm worker group g: rank 0 died after the loop")
 
     logged = trainer._finish(rank0_logs)
-    assert asked == [(FINISH, logged["kept"][0][0].path)] and int(logged["kept"][0][1]["epoch"]) == 1
-    assert logged["finished"] == {"comparison": {"champion": None}}
+    assert [fn for fn, _ in asked] == [FINISH, END]
+    assert (
+        asked[0][1]["checkpoint_path"] == logged["kept"][0][0].path
+        and int(logged["kept"][0][1]["epoch"]) == 1
+    )
+    assert asked[1][1]["mlflow_run_id"] == "run-1" and asked[1][1]["final"] == {"epoch": 2, "test_loss": 0.4}
+    assert logged["finished"] == {"comparison": {"champion": None}, "ended": True}
     died = trainer._finish(rank0_dies)
-    assert died["finished"] is None  # fit_and_log: the driver logs and compares
+    assert died["finished"] is None  # fit_and_log: the driver logs, compares and ends the run
     assert int(died["kept"][0][1]["epoch"]) == 1 and int(died["latest"][1]["epoch"]) == 2
+
+
+def test_a_warm_trainings_driver_imports_no_mlflow(tmp_path, plan):
+    """Every MLflow step of a warm training runs on the group's rank 0: the run's start (whose id the
+    driver records before the loop), each epoch, the model, the end and, after the lease, the usage.
+    In a fresh interpreter, as a job's driver is, the warm path's steps (``fit_shared`` stood in for by
+    a function that calls them as the real one does, and rank 0 by a recorder) import no MLflow."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER_SCRIPT)
+    (tmp_path / "plan.json").write_text(json.dumps(plan[shards.PLAN_KEY]))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=os.getcwd())  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["steps"] == ["begin_run", "log_epoch_metrics", "log_epoch_metrics", "log_and_compare_stored",
+                            "end_run"]  # fmt: skip
+    assert out["recorded_run"] == "run-7" and out["mlflow_imported"] is False
+    assert "[emr_ray] epoch 2/3" in done.stdout  # the driver prints each epoch's line
+
+
+DRIVER_SCRIPT = """
+import json, sys
+from pyarrow import fs as pafs
+from emr_ray.jobs import train, train_group, train_warm
+from emr_ray.spec import CheckpointSpec, TrainJobSpec
+from emr_ray.storage import StorageOptions
+from tests.unit.jobs.test_train_group import warm_spec, write_checkpoint
+import pathlib
+
+tmp = pathlib.Path(sys.argv[1])
+plan = json.loads((tmp / "plan.json").read_text())
+spec = warm_spec(tmp)
+steps, recorded = [], []
+
+def rank0(fn, kwargs, env):
+    steps.append(fn.rsplit(":", 1)[1])
+    return "run-7" if fn == train_warm.BEGIN else {"champion": None} if fn == train_warm.FINISH else None
+
+def fit_shared(*args, before, on_report, after, resume_path, **kwargs):
+    before(rank0)
+    for epoch in range(2):
+        write_checkpoint(pafs.LocalFileSystem(), f"{tmp}/ckpt/r", tmp, epoch, 0.5 - epoch / 10)
+        on_report({"metrics": {"epoch": epoch, "test_loss": 0.5 - epoch / 10}, "checkpoint": "stored"})
+    return {"name": "g", "calls": 2, "reused": True, "start_seconds": 1.0, "cpus": 2.0, "gpus": 0.0,
+            "call_started_at": 0.0, "call_ended_at": 1.0, "log": [], "after": after(rank0), "rank0": None}
+
+train_group.fit_shared = fit_shared
+trainer = train_warm.WarmTrainer(spec, plan, StorageOptions(), {}, on_run_started=recorded.append)
+fitted = train.fit_and_log(trainer, spec, plan, StorageOptions(), None)
+print(json.dumps({"steps": steps, "recorded_run": recorded[0], "mlflow_imported": "mlflow" in sys.modules}))
+"""
