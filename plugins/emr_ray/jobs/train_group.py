@@ -368,10 +368,11 @@ def fit_shared(
 
     def step(fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
         nonlocal ok
+        ref = workers[0].mlflow_step.options(concurrency_group="control").remote(fn, kwargs, env)
+        while not ray.wait([ref], timeout=1.0)[0]:  # a slow MLflow must not lapse the lease
+            group.heartbeat.options(concurrency_group="control").remote(lease["lease"])
         try:
-            return ray.get(
-                workers[0].mlflow_step.options(concurrency_group="control").remote(fn, kwargs, env)
-            )
+            return ray.get(ref)
         except ray.exceptions.RayActorError as e:
             ok = False
             raise GroupFailed(f"Warm worker group {name}: rank 0 died: {e}") from e
