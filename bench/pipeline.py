@@ -12,9 +12,10 @@ Ray task's wall time is split, from Airflow's task instance, the Jobs API and th
 - the job's phases (Spark: ``startup`` = interpreter and imports, ``check_input``, ``ray_connect``,
   ``spark_start`` (a job's own session) or ``spark_session`` (reaching a shared one), ``read``,
   ``compute``, ``write``, ``commit``, ``spark_stop``; training: ``startup``, ``check_inputs``,
-  ``ray_connect``, ``plan``, ``mlflow_start``, ``build_trainer``, ``worker_group`` (fit less its epochs:
-  worker group start, loop set-up, checkpoints, reports), ``epochs`` (the epochs' own seconds, from
-  their ``train_rows / rows_per_second`` metrics in MLflow), ``log`` (model, loss curve, champion
+  ``ray_connect``, ``plan``, ``mlflow_start`` (the driver's; a warm group's rank 0 starts the run
+  inside ``worker_group``), ``build_trainer``, ``worker_group`` (fit less its epochs: worker group
+  start, loop set-up, checkpoints, reports), ``epochs`` (the epochs' own seconds, from their
+  ``train_rows / rows_per_second`` metrics in MLflow), ``log`` (model, loss curve, champion
   comparison, final metrics));
 - ``job_exit``: the job's result -> the Jobs API's end time; ``airflow_finish``: job end -> task end
   (last poll, log tail, XCom).

@@ -38,6 +38,8 @@ EPOCH = "emr_ray.jobs.train_mlflow:log_epoch_metrics"
 FINISH = "emr_ray.jobs.train_finish:log_and_compare_stored"
 END = "emr_ray.jobs.train_mlflow:end_run"
 USAGE = "emr_ray.jobs.train_mlflow:log_usage_as"
+#: the longest a job's end waits for its usage to be logged (then the result stands without it)
+USAGE_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -159,7 +161,7 @@ class WarmTrainer:
             return
         ray.get(self.rank0.mlflow_step.options(concurrency_group="control").remote(
             USAGE, {"spec": spec, "result": result, "credentials": self.login}, {}
-        ))  # fmt: skip
+        ), timeout=USAGE_TIMEOUT_S)  # fmt: skip
 
     def _resume_path(self) -> str | None:
         latest = self.store.latest()
