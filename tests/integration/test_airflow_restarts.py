@@ -6,16 +6,20 @@ nothing happened:
   Ray job, and started again: the new triggerer takes the trigger over, and the task completes in
   the same try with the same Ray job (one job for the task, the XCom'd link names it);
 - the scheduler is SIGKILLed (with its LocalExecutor workers and their task processes) during a
-  three-date backfill whose runs overlap, while a Ray task or a registration runs in one of its
-  workers, and started again: the new scheduler resets the orphaned task, whose next try reattaches
-  to the job of the killed one; every run succeeds, and each date's output exists exactly once (one
-  committed generation, one Ray job per task, one model version per run).
+  backfill over three historical dates whose runs overlap, while a Ray task or a registration runs
+  in one of its workers, and started again: the new scheduler resets the orphaned task, whose next
+  try reattaches to the job of the killed one. The two dates with data were staged earlier in the
+  session; each run replaces its date cleanly, and each date's output exists exactly once (one
+  generation committed by its run, no stray one, one Ray job per task, one model version per run).
+  The date with no data fails alone, at its sensor, and leaves nothing behind.
 
-Tiny data: 1000 rows per date, one epoch, one Ray Train worker.
+Tiny data (the session's 4000-row partitions, 1000 rows for the triggerer's date), one epoch, one
+Ray Train worker.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 import urllib.request
@@ -25,22 +29,24 @@ import pytest
 from devstack.airflow import LocalAirflow
 from devstack.stack import LocalStack
 from tests.fixtures.airflow_live import DAG_ID, Api, wait_for_runs
+from tests.fixtures.pipeline import GOOD, WEAK
+from tests.fixtures.pipeline import ROWS as RAW_ROWS
 
 pytestmark = pytest.mark.integration
-TRIGGERER_DATE = "2026-10-19"
-BACKFILL = ["2026-10-20", "2026-10-21", "2026-10-22"]  # no other test uses these dates
+TRIGGERER_DATE = "2026-10-19"  # no other test uses this date
+BACKFILL = [GOOD, WEAK, "2026-11-04"]  # the session staged the first two earlier; the third has no raw data
 ROWS = 1000
 CHEAP = {"epochs": 1, "num_workers": 1}
 
 
 @pytest.fixture(scope="module")
 def raw_dates(stack) -> list[str]:
-    """Raw partitions of this module's dates in the COS stand-in."""
+    """Raw partitions of this module's dates in the COS stand-in: the triggerer's date (the
+    backfill's dates with data are the session's own, ``tests.fixtures.pipeline``)."""
     from include.data import synthetic
 
-    dates = [TRIGGERER_DATE, *BACKFILL]
-    synthetic.write_partitions(stack.raw_uri, dates[0], len(dates), ROWS, stack.storage_options())
-    return dates
+    synthetic.write_partitions(stack.raw_uri, TRIGGERER_DATE, 1, ROWS, stack.storage_options())
+    return [TRIGGERER_DATE, *BACKFILL]
 
 
 def ray_jobs(stack: LocalStack, run_id: str, task_id: str) -> list[dict]:
@@ -139,9 +145,15 @@ def test_triggerer_killed_while_training_is_deferred_resumes_the_same_ray_job(
 
 
 @pytest.mark.timeout(2700)  # three runs, their Ray tasks one at a time, plus the orphaned tasks' reset
-def test_scheduler_killed_during_a_backfill_every_date_is_produced_exactly_once(
+def test_scheduler_killed_during_a_backfill_each_date_is_produced_once_by_its_own_run_and_only_the_missing_one_fails(
     api, live_airflow: LocalAirflow, stack, raw_dates
 ):
+    """A backfill over three historical dates, all runs at once: the first two have raw data and were
+    staged earlier in the session (each run replaces its date cleanly), the third has none. The
+    scheduler is SIGKILLed while one of its Ray tasks or registrations runs in a worker, and started
+    again. The two dates with data succeed, each produced exactly once by its own run (one commit,
+    no stray generation, one Ray job per task, one model version); the date with no data fails
+    alone, clearly, and leaves nothing behind."""
     import mlflow
     from pyarrow import fs as pafs
 
@@ -157,6 +169,7 @@ def test_scheduler_killed_during_a_backfill_every_date_is_produced_exactly_once(
         except AssertionError as e:
             assert "409" in str(e) and time.monotonic() < deadline, e
             time.sleep(5)
+    posted = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(seconds=1)
     deadline = time.monotonic() + 120
     while True:
         runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
@@ -187,7 +200,11 @@ def test_scheduler_killed_during_a_backfill_every_date_is_produced_exactly_once(
     assert live_airflow.restart("scheduler") != old_pid
 
     finished = wait_for_runs(api, set(mine.values()), timeout=2400)
-    assert all(r["state"] == "success" for r in finished.values()), failures(api, set(mine.values()))
+    with_data, missing = BACKFILL[:2], BACKFILL[2]
+    states = {date: finished[mine[date]]["state"] for date in BACKFILL}
+    assert states == {**dict.fromkeys(with_data, "success"), missing: "failed"}, failures(
+        api, set(mine.values())
+    )
     for (run_id, task_id), try_number in interrupted.items():  # reset by the new scheduler, tried again
         final = api.task_instances(run_id)[task_id]
         print(f"{run_id} {task_id}: interrupted in try {try_number}, succeeded in try {final['try_number']}")
@@ -195,8 +212,11 @@ def test_scheduler_killed_during_a_backfill_every_date_is_produced_exactly_once(
     client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
     versions = [v for v in client.search_model_versions("name='tabular-mlp'")
                 if v.tags.get("airflow.run_id") in mine.values()]  # fmt: skip
-    assert sorted(v.tags["airflow.run_id"] for v in versions) == sorted(mine.values()), "one version per run"
-    for date, run_id in mine.items():
+    assert sorted(v.tags["airflow.run_id"] for v in versions) == sorted(mine[d] for d in with_data), (
+        "one version per run with data"
+    )
+    for date in with_data:
+        run_id = mine[date]
         staged = storage.partition_uri(stack.staging_uri, "tabular", date)
         fsys, root = storage.resolve(staged, None)
         manifests = []
@@ -206,15 +226,32 @@ def test_scheduler_killed_during_a_backfill_every_date_is_produced_exactly_once(
             if info.type == pafs.FileType.File and info.base_name.endswith(".json"):
                 with fsys.open_input_stream(info.path) as f:
                     manifests.append(json.loads(f.read().decode()))
+        ours = [m for m in manifests if m["producer"].get("airflow.run_id") == run_id]
+        assert len(ours) == 1, f"{date}: {len(ours)} generations committed by its run"
+        (manifest,) = ours
+        # every generation started since the backfill was posted is committed: the killed try left none
+        committed = {m["generation"] for m in manifests}
         generations = fsys.get_file_info(pafs.FileSelector(f"{root}/{partitions.GENERATIONS}"))
-        assert len(manifests) == 1, f"{date}: {len(manifests)} committed generations"
-        assert [g.base_name for g in generations] == [manifests[0]["generation"]], (
-            f"{date}: a stray generation"
-        )
-        assert manifests[0]["producer"]["airflow.run_id"] == run_id
-        assert manifests[0]["partition"] == date and manifests[0]["rows_in"] == ROWS
+        since = {
+            g.base_name for g in generations if g.base_name >= f"g{posted:%Y%m%dT%H%M%S}"
+        }  # ids sort by start
+        assert since == {manifest["generation"]}, f"{date}: a stray generation: {sorted(since - committed)}"
+        current = partitions.require_current(staged).manifest
+        assert current["generation"] == manifest["generation"], "the partition was not replaced by its rerun"
+        assert manifest["partition"] == date and manifest["input_uri"].endswith(f"dt={date}")
+        assert manifest["rows_in"] == RAW_ROWS
         (version,) = [v for v in versions if v.tags["airflow.run_id"] == run_id]
-        assert version.tags["partition"] == date and version.tags["generation"] == manifests[0]["generation"]
+        assert version.tags["partition"] == date and version.tags["generation"] == manifest["generation"]
+        assert version.tags["data_uri"] == staged
+        assert client.get_run(version.run_id).data.params["epochs"] == "1"
         for task in ("preprocess", "train"):  # no job submitted twice, whatever the kill interrupted
             submissions = ray_jobs(live_airflow.stack, run_id, task)
             assert len([j for j in submissions if j["status"] == "SUCCEEDED"]) == 1, (date, task, submissions)
+
+    states = {t: ti["state"] for t, ti in api.task_instances(mine[missing]).items()}
+    assert states["wait_for_partition"] == "failed"
+    assert {states[t] for t in ("check_cluster", "preprocess", "train", "register")} == {"upstream_failed"}
+    assert not any(
+        v.tags.get("partition") == missing for v in client.search_model_versions("name='tabular-mlp'")
+    )
+    assert partitions.current(storage.partition_uri(stack.staging_uri, "tabular", missing)) is None
