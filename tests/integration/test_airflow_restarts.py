@@ -248,9 +248,9 @@ def test_scheduler_killed_during_a_backfill_each_date_is_produced_once_by_its_ow
             submissions = ray_jobs(live_airflow.stack, run_id, task)
             assert len([j for j in submissions if j["status"] == "SUCCEEDED"]) == 1, (date, task, submissions)
 
-    states = {t: ti["state"] for t, ti in api.task_instances(mine[missing]).items()}
-    assert states["wait_for_partition"] == "failed"
-    assert {states[t] for t in ("check_cluster", "preprocess", "train", "register")} == {"upstream_failed"}
+    tasks = {t: ti["state"] for t, ti in api.task_instances(mine[missing]).items()}
+    assert tasks["wait_for_partition"] == "failed"
+    assert {tasks[t] for t in ("check_cluster", "preprocess", "train", "register")} == {"upstream_failed"}
     assert not any(
         v.tags.get("partition") == missing for v in client.search_model_versions("name='tabular-mlp'")
     )
