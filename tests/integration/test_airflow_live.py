@@ -9,9 +9,9 @@ triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI 
   dashboard's job page (after the token dialog a user meets once), the MLflow run and the model
   version, each served on 127.0.0.1 as ``make airflow`` serves them;
 - a backfill (``POST /api/v2/backfills``) of two historical dates, two runs at a time (the
-  ``ray_spark`` pool widened to 2), raced by a manual run of one of them: every run trains on the generation its own preprocessing committed,
-  which holds exactly the raw partition's rows; the raced date has two whole generations; history
-  leaves ``champion`` where it was.
+  ``ray_spark`` pool widened to 2), raced by a manual run of one of them: every run trains on the
+  generation its own preprocessing committed, which holds exactly the raw partition's rows; the
+  raced date has two whole generations; history leaves ``champion`` where it was.
 
 A backfill over dates the session already staged, one of them without data, is
 ``test_airflow_restarts``' scheduler test: it runs that backfill with the scheduler killed mid-run.
