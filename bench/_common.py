@@ -200,15 +200,15 @@ def per_second(value: float | None) -> str:
 
 
 def footer_rows(paths: list[str]) -> list[tuple[str, int]]:
-    """``(path, rows)`` of each local file from its Parquet footer (no data read), as ``emr_ray.jobs.train`` plans."""
-    from emr_ray import storage
+    """``(path, rows)`` of each local file from its Parquet footer (no data read), as ``emr_ray.cluster.jobs.train`` plans."""
+    from emr_ray.cluster import storage
 
     return storage.parquet_row_counts(paths, "file:///")
 
 
 def shard_plan(datasets: dict[str, list[tuple[str, int]]]) -> dict[str, Any]:
     """The shard plan of local files the job passes to its workers (training datasets get equal shards)."""
-    from emr_ray.jobs import shards
+    from emr_ray.cluster.jobs import shards
 
     described = {
         name: shards.describe(
@@ -221,7 +221,7 @@ def shard_plan(datasets: dict[str, list[tuple[str, int]]]) -> dict[str, Any]:
 
 def shard_config(files: list[tuple[str, int]], *, equal: bool = True, name: str = "train") -> dict[str, Any]:
     """A train-loop config holding a shard plan of local ``files``, as the job passes it to the workers."""
-    from emr_ray.jobs import shards
+    from emr_ray.cluster.jobs import shards
 
     plan = shard_plan({name: files})
     plan["datasets"][name]["equal"] = equal
@@ -231,7 +231,7 @@ def shard_config(files: list[tuple[str, int]], *, equal: bool = True, name: str 
 def worker_tensors(config: dict[str, Any], name: str, rank: int, world: int) -> tuple[Any, Any]:
     """``include.training.loop._tensors`` for rank ``rank`` of ``world``, outside Ray Train.
 
-    ``_tensors`` is called as is. Only its ``emr_ray.train.worker_shard`` call, which asks Ray
+    ``_tensors`` is called as is. Only its ``emr_ray.cluster.train.worker_shard`` call, which asks Ray
     Train's context for the rank and world size, is swapped (for this call, in this process) for a
     stand-in that takes them as arguments and does the rest as ``worker_shard`` does:
     ``shards.plan(footer row counts, world, equal=...)`` then ``shards.read(pieces, pyarrow
@@ -242,8 +242,8 @@ def worker_tensors(config: dict[str, Any], name: str, rank: int, world: int) -> 
 
     from pyarrow import fs
 
-    from emr_ray import train as emr_train
-    from emr_ray.jobs import shards
+    from emr_ray.cluster import train as emr_train
+    from emr_ray.cluster.jobs import shards
     from include.training.loop import _tensors
 
     def local_worker_shard(config: dict[str, Any], name: str, columns: list[str]):

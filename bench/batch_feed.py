@@ -1,6 +1,6 @@
 """The loop's batch conversion: pyarrow rows -> typed tensors, before and after the typed contract.
 
-Issue 15 made the training loop's feed general (``emr_ray.batches``: float matrices, int ids, padded
+Issue 15 made the training loop's feed general (``emr_ray.cluster.batches``: float matrices, int ids, padded
 list columns) and asked that the tabular path stay as fast as it was. This runs, in one process and
 side by side on the same in-memory tables (no Ray, no files: only the conversion):
 
@@ -82,7 +82,7 @@ def rounds(contenders: dict[str, Any], repeat: int) -> dict[str, list[float]]:
 def main() -> None:
     import torch
 
-    from emr_ray.batches import batch_spec
+    from emr_ray.cluster.batches import batch_spec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="tabular rows")

@@ -6,7 +6,7 @@ files under ``.state/bench/data``). Paths:
 * ``a_off`` / ``a_on``: the seed article's path on Spark on Ray (RayDP, 1 executor x 1 core, 2g):
   ``spark.read.parquet`` -> ``toPandas()`` -> ``torch.tensor`` -> ``TensorDataset``, with Arrow off
   (Spark's default) and with ``spark.sql.execution.arrow.pyspark.enabled=true``; one Spark session each.
-* ``b``: the feed the operators use (``emr_ray.jobs.train`` + ``include.training.loop``): the driver
+* ``b``: the feed the operators use (``emr_ray.cluster.jobs.train`` + ``include.training.loop``): the driver
   reads each file's row count from its Parquet footer (``shards.describe``, no data read); 2 actors
   (1 CPU each, as the 2 train workers) each plan their contiguous rows with ``shards.plan(...,
   equal=True)``, read them with ``shards.read`` (pyarrow ``LocalFileSystem``, only the row groups
@@ -101,7 +101,7 @@ class ShardWorker:
         import torch  # noqa: F401
 
         import bench._common  # noqa: F401
-        import emr_ray.jobs.shards  # noqa: F401
+        import emr_ray.cluster.jobs.shards  # noqa: F401
         import include.training.loop  # noqa: F401
 
         self.rank, self.world = rank, world
@@ -276,7 +276,7 @@ def bench_a(files: list[str], rows: int, repeat: int, *, arrow: bool) -> dict[st
     import torch
     from torch.utils.data import TensorDataset
 
-    from emr_ray.jobs.spark import spark_configs
+    from emr_ray.cluster.jobs.spark import spark_configs
 
     extra = {
         "spark.sql.execution.arrow.pyspark.enabled": "true" if arrow else "false",

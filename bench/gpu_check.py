@@ -1,11 +1,11 @@
 """GPU check: the shipped training job, run exactly as ``TorchTrainOperator`` runs it, with ``use_gpu=True``.
 
-What it proves: that ``emr_ray.jobs.train`` (the job the operator submits) trains the shipped loop
+What it proves: that ``emr_ray.cluster.jobs.train`` (the job the operator submits) trains the shipped loop
 ``include.models.tabular:train_loop`` on a CUDA device end to end, with nothing patched: it stages a
 committed Parquet partition with the project's own code (``include.data.synthetic``,
-``emr_ray.partitions.write_tables``), starts a local Ray head with one GPU (``devstack.ray_head``), builds the
+``emr_ray.cluster.partitions.write_tables``), starts a local Ray head with one GPU (``devstack.ray_head``), builds the
 ``TrainJobSpec`` the operator builds (``ScalingSpec(num_workers=1, use_gpu=True)``), and runs
-``python -m emr_ray.jobs.train --spec ... --result-file ...`` against the head, as the Ray job's
+``python -m emr_ray.cluster.jobs.train --spec ... --result-file ...`` against the head, as the Ray job's
 entrypoint does. The best checkpoint's ``state.pt`` is then loaded with ``map_location=None``: the
 loop saves the weights from the training device, so on a GPU run they come back on ``cuda:0``. It
 checks the job succeeded, the weights' device, ``test_accuracy >= 0.85`` and the epoch count; writes
@@ -41,9 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from devstack import ray_head
-from emr_ray import partitions, storage
-from emr_ray import train as emr_train
-from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, MLflowSection, ScalingSpec, TrainJobSpec, parse_marked
+from emr_ray.cluster import partitions, storage
+from emr_ray.cluster import train as emr_train
+from emr_ray.cluster.spec import (
+    ERROR_MARKER,
+    RESULT_MARKER,
+    MLflowSection,
+    ScalingSpec,
+    TrainJobSpec,
+    parse_marked,
+)
 from include.data.synthetic import FEATURE_COLUMNS, LABEL_COLUMN, make_partition
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,8 +96,16 @@ def build_spec(root: Path, partition: partitions.Committed, args: argparse.Names
 
 
 def run_job(spec_file: Path, result_file: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
-    """``python -m emr_ray.jobs.train`` (the job's entrypoint), its output streamed; (exit code, output)."""
-    cmd = [sys.executable, "-m", "emr_ray.jobs.train", "--spec", spec_file, "--result-file", result_file]
+    """``python -m emr_ray.cluster.jobs.train`` (the job's entrypoint), its output streamed; (exit code, output)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "emr_ray.cluster.jobs.train",
+        "--spec",
+        spec_file,
+        "--result-file",
+        result_file,
+    ]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -149,7 +164,9 @@ def check(root: Path, state_dir: Path, args: argparse.Namespace, out: dict[str, 
     local = ray_head.start_head(state_dir, num_cpus=args.num_cpus, num_gpus=int(use_gpu))
     out["head_start_seconds"] = round(time.monotonic() - started, 2)
     env = os.environ | ray_head.cluster_env(state_dir) | {"RAY_ADDRESS": local.gcs_address}
-    log(f"head up in {out['head_start_seconds']}s at {local.dashboard_url}; running emr_ray.jobs.train")
+    log(
+        f"head up in {out['head_start_seconds']}s at {local.dashboard_url}; running emr_ray.cluster.jobs.train"
+    )
 
     started = time.monotonic()
     code, output = run_job(spec_file, result_file, env, args.timeout)

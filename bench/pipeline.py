@@ -5,7 +5,7 @@ backfill gets out of the cluster.
 ``airflow dags test retrain_tabular <date>`` runs the DAG's real operators on a raw partition of each
 ``--sizes`` row count (``include.data.synthetic``), with the DAG's settings (5 epochs, 2 workers). Each
 Ray task's wall time is split, from Airflow's task instance, the Jobs API and the job's own ``usage``
-(:mod:`emr_ray.jobs._usage`):
+(:mod:`emr_ray.cluster.jobs._usage`):
 
 - ``airflow_start``: task start -> job submitted (render, connections, code shipping, spec);
 - ``submit_to_running``: submitted -> the job's driver process started (runtime env, supervisor);
@@ -36,9 +36,9 @@ much of the wall no Ray job ran at all (Airflow between tasks).
 setting of the DAG's ``spark_session`` and ``worker_group`` Params (``--conf``, :data:`CONTENDERS`),
 side by side on the same stack: ``job`` (each preprocessing job starts and stops Spark on Ray, each
 training job has Ray Train start a worker group: the path before issue 17), ``shared`` (a warm Spark
-session that outlives the job, :mod:`emr_ray.jobs.spark_session`; Ray Train's group per training)
+session that outlives the job, :mod:`emr_ray.cluster.jobs.spark_session`; Ray Train's group per training)
 and ``warm`` (both warm: the Spark session and a training worker group that outlives the job,
-:mod:`emr_ray.jobs.train_group`). Each contender gets a warm-up run, then its sizes; one contender
+:mod:`emr_ray.cluster.jobs.train_group`). Each contender gets a warm-up run, then its sizes; one contender
 after the other (alternating them would have one contender's cold jobs evict the other's idle warm
 pools on a small cluster). Each contender also sets how long its Ray tasks watch their job before
 deferring (:data:`DEFER_AFTER`, the DAGs' ``emr_ray_defer_after`` Variable): ``warm`` watches 30 s,
@@ -169,7 +169,7 @@ def ray_jobs(stack, run_ids: set[str]) -> dict[tuple[str, str], dict[str, Any]]:
     """The Ray jobs of these Airflow runs, by (run id, task id): submission and end times and the result."""
     from ray.job_submission import JobSubmissionClient
 
-    from emr_ray.spec import RESULT_MARKER, parse_marked
+    from emr_ray.cluster.spec import RESULT_MARKER, parse_marked
 
     client = JobSubmissionClient(
         stack.ray.dashboard_url, headers={"Authorization": f"Bearer {stack.ray.token}"}

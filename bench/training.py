@@ -8,8 +8,8 @@ The same model (``include.models.tabular.build_model``), loss, optimizer, batch 
   thread (a Ray Train worker with 1 CPU gets ``OMP_NUM_THREADS=1``); ``a_loader`` is the seed
   article's ``DataLoader(TensorDataset)``.
 * ``b`` / ``c``: ``include.models.tabular.train_loop`` under ``ray.train.torch.TorchTrainer`` with 1 and
-  2 workers, fed as ``emr_ray.jobs.train`` feeds it: each worker reads its own rows of the Parquet
-  files with pyarrow (``emr_ray.jobs.shards``), checkpoint every epoch under ``.state/bench/train_runs``.
+  2 workers, fed as ``emr_ray.cluster.jobs.train`` feeds it: each worker reads its own rows of the Parquet
+  files with pyarrow (``emr_ray.cluster.jobs.shards``), checkpoint every epoch under ``.state/bench/train_runs``.
   (Earlier runs with the Ray Data feed this replaced are in ``bench/results/SUMMARY.md``.)
 
 Reported apart: ``ray.init`` (cluster start), materializing the data, and the fixed overhead of
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     if set(chosen) & set(RAY_VARIANTS):
         result["ray_init_s"] = round(init_ray(num_cpus=2), 2)
         try:
-            from emr_ray.jobs import shards
+            from emr_ray.cluster.jobs import shards
 
             plan = shard_plan({"train": footer_rows(train_files), "test": footer_rows(test_files)})
             for key, workers in RAY_VARIANTS.items():

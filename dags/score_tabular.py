@@ -34,7 +34,7 @@ with DAG(
     @task
     def score(staging_uri: str, model: str = MODEL, alias: str = "champion") -> dict:
         """Predict with the version ``<model>@<alias>`` points at and commit the predictions partition."""
-        from emr_ray import storage
+        from emr_ray.cluster import storage
         from emr_ray.hooks.mlflow import MLflowHook
         from include.scoring.tabular import score_partition
 

@@ -183,7 +183,7 @@ class LocalStack:
 
     def storage_options(self):
         """pyarrow settings for the COS stand-in (for writing sample data and reading results)."""
-        from emr_ray.storage import StorageOptions
+        from emr_ray.cluster.storage import StorageOptions
 
         return StorageOptions(endpoint_override=self.cos.endpoint, scheme="http", region=REGION,
                               access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip

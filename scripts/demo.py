@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack.stack import LocalStack
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 from emr_ray.params import HISTORY_START_ENV, history_start
 
 PROJECT = Path(__file__).resolve().parents[1]

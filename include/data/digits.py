@@ -16,7 +16,7 @@ def write_partitions(root: str, start: str, days: int, options=None) -> list[str
     import pyarrow.parquet as pq
     from sklearn.datasets import load_digits
 
-    from emr_ray import storage
+    from emr_ray.cluster import storage
 
     digits = load_digits()
     table = pa.table({**{p: digits.data[:, i].astype("float64") for i, p in enumerate(PIXELS)},

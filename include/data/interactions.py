@@ -129,7 +129,7 @@ def write_partitions(
     """
     import pyarrow.parquet as pq
 
-    from emr_ray import storage
+    from emr_ray.cluster import storage
 
     written = []
     first = dt.date.fromisoformat(start)

@@ -39,7 +39,7 @@ def write_partitions(root: str, start: str, days: int, rows: int, options=None) 
     """Write ``days`` partitions from ``start`` under ``root`` (each committed with ``_SUCCESS``)."""
     import pyarrow.parquet as pq
 
-    from emr_ray import storage
+    from emr_ray.cluster import storage
 
     written = []
     first = dt.date.fromisoformat(start)

@@ -154,7 +154,7 @@ def write_partitions(
     """Write ``days`` daily partitions from ``start`` under ``root``, each committed with ``_SUCCESS``."""
     import pyarrow.parquet as pq
 
-    from emr_ray import storage
+    from emr_ray.cluster import storage
 
     written = []
     fsys, base = storage.resolve(root, options)

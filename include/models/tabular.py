@@ -12,7 +12,7 @@ __all__ = ["build_model", "evaluate", "train_loop"]
 def build_model(config: dict[str, Any]):
     """The model, from the loop's config (the job rebuilds it to log the trained weights).
 
-    With ``train_loop`` and ``evaluate`` this module follows :class:`emr_ray.train.EvaluatingModule`.
+    With ``train_loop`` and ``evaluate`` this module follows :class:`emr_ray.cluster.train.EvaluatingModule`.
     """
     from torch import nn
 

@@ -9,7 +9,7 @@ features and ``label``, as the preprocessing job staged them): the generation th
 on when its version says so (tag ``generation``), else the current one; an empty or uncommitted
 partition is refused. Output: a new generation of ``<staging>/predictions/dt=<partition>`` (output
 ``predictions``: the same rows plus ``prediction``), committed with the row count, the model, its
-version, the accuracy, the partition and the input generation (:mod:`emr_ray.partitions`).
+version, the accuracy, the partition and the input generation (:mod:`emr_ray.cluster.partitions`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from emr_ray.storage import StorageOptions
+    from emr_ray.cluster.storage import StorageOptions
 
 LABEL_COLUMN = "label"
 PREDICTION_COLUMN = "prediction"
@@ -34,14 +34,14 @@ class Predictor(Protocol):
 
 def staged_uri(staging_uri: str, partition: str) -> str:
     """The staged partition the preprocessing job committed: ``<staging>/tabular/dt=<partition>``."""
-    from emr_ray import storage
+    from emr_ray.cluster import storage
 
     return storage.join(staging_uri, "tabular", f"dt={partition}")
 
 
 def predictions_uri(staging_uri: str, partition: str) -> str:
     """Where the predictions of ``partition`` are committed: ``<staging>/predictions/dt=<partition>``."""
-    from emr_ray import storage
+    from emr_ray.cluster import storage
 
     return storage.join(staging_uri, "predictions", f"dt={partition}")
 
@@ -88,7 +88,7 @@ def score_partition(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from emr_ray import partitions, storage
+    from emr_ray.cluster import partitions, storage
 
     source = staged_uri(staging_uri, partition)
     if generation:

@@ -1,13 +1,13 @@
 """The Ray Train worker loop shared by the project's models (runs on Ray Train workers).
 
-Each worker reads its own rows of the staged Parquet once (:func:`emr_ray.train.worker_shard`:
+Each worker reads its own rows of the staged Parquet once (:func:`emr_ray.cluster.train.worker_shard`:
 pyarrow straight into tensors), trains on minibatches reshuffled every epoch (seeded, so a resumed
 run sees the same order), evaluates on its test rows (metrics all-reduced over workers), and
-reports per-epoch metrics with a checkpoint from rank 0 (:func:`emr_ray.train.report_epoch`). It
-resumes from the latest checkpoint (:func:`emr_ray.train.latest_state`) when Ray Train or an
-Airflow retry restarts it. It uses only the public ``emr_ray.train`` API.
+reports per-epoch metrics with a checkpoint from rank 0 (:func:`emr_ray.cluster.train.report_epoch`). It
+resumes from the latest checkpoint (:func:`emr_ray.cluster.train.latest_state`) when Ray Train or an
+Airflow retry restarts it. It uses only the public ``emr_ray.cluster.train`` API.
 
-Batches follow :mod:`emr_ray.batches`: the config declares the model's typed inputs (a float matrix of
+Batches follow :mod:`emr_ray.cluster.batches`: the config declares the model's typed inputs (a float matrix of
 feature columns, int ids, padded token lists), and the loop calls ``model(*inputs)`` for class logits
 with a cross-entropy loss. ``extra_metrics`` adds per-epoch test metrics (a ranking metric, a
 baseline's score) as batch sums that the loop adds up over batches and workers and divides by the
@@ -23,15 +23,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from emr_ray import batches as contract
-from emr_ray import train as emr_train
+from emr_ray.cluster import batches as contract
+from emr_ray.cluster import train as emr_train
 
 #: ``fn(model, inputs, labels, logits, extras) -> sum over the batch``; the loop divides by the test rows
 ExtraMetric = Callable[[Any, tuple, Any, Any, dict], float]
 
 
 def _tensors(config: dict[str, Any], name: str):
-    """This worker's rows of dataset ``name`` as ``(inputs, labels, extras)`` (see :mod:`emr_ray.batches`)."""
+    """This worker's rows of dataset ``name`` as ``(inputs, labels, extras)`` (see :mod:`emr_ray.cluster.batches`)."""
     spec = contract.batch_spec(config)
     return spec.tensors(emr_train.worker_shard(config, name, spec.columns))
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -60,7 +60,7 @@ class DatasetId(NamedTuple):
 def dataset_id(uri: str) -> DatasetId:
     """The OpenLineage namespace and name of a storage URI (``cos://``, ``file://``, ``hdfs://``).
 
-    :param uri: a URI :func:`emr_ray.storage.split_uri` accepts; anything else raises its ``StorageError``.
+    :param uri: a URI :func:`emr_ray.cluster.storage.split_uri` accepts; anything else raises its ``StorageError``.
     """
     scheme, path = storage.split_uri(uri)
     if scheme == "file":

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from emr_ray.cluster.spec import worker_resources
+
 _MEMORY_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -39,9 +41,9 @@ def _amount(resource: str, value: float) -> str:
 class RunRequest:
     """What one pipeline run asks of the cluster, phase by phase.
 
-    - Training: ``workers`` x the per-worker resources (Ray Train's rule: ``resources_per_worker``
-      as given, else 1 CPU per worker, or 1 GPU and no CPU with ``use_gpu``; ``use_gpu`` adds 1 GPU
-      to given resources that name none), plus the job driver's ``driver_cpus``.
+    - Training: ``workers`` x the per-worker resources
+      (:func:`emr_ray.cluster.spec.worker_resources`, Ray Train's rule), plus the job driver's
+      ``driver_cpus``.
     - Spark: ``spark_executors`` x (``spark_executor_cores`` CPUs and ``spark_executor_memory``),
       plus the job driver's ``driver_cpus``.
 
@@ -70,13 +72,7 @@ class RunRequest:
 
     @property
     def per_worker(self) -> dict[str, float]:
-        if self.resources_per_worker is None:
-            asks = {"GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
-        else:
-            asks = {k: float(v) for k, v in self.resources_per_worker.items() if float(v) != 0}
-        if self.use_gpu:
-            asks.setdefault("GPU", 1.0)
-        return asks
+        return worker_resources(self.resources_per_worker, self.use_gpu)
 
     def training(self) -> dict[str, float]:
         if not self.workers:

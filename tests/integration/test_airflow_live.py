@@ -129,7 +129,7 @@ def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generat
     a date older than the champion's) leaves ``champion`` where it was."""
     import mlflow
 
-    from emr_ray import partitions, storage
+    from emr_ray.cluster import partitions, storage
     from include.data import synthetic
 
     options = stack.storage_options()

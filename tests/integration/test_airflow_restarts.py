@@ -157,7 +157,7 @@ def test_scheduler_killed_during_a_backfill_each_date_is_produced_once_by_its_ow
     import mlflow
     from pyarrow import fs as pafs
 
-    from emr_ray import partitions, storage
+    from emr_ray.cluster import partitions, storage
 
     body = {"dag_id": DAG_ID, "from_date": f"{BACKFILL[0]}T00:00:00Z", "to_date": f"{BACKFILL[-1]}T00:00:00Z",
             "reprocess_behavior": "completed", "max_active_runs": 3, "dag_run_conf": CHEAP}  # fmt: skip

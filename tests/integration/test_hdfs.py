@@ -14,7 +14,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 from include.data.synthetic import FEATURE_COLUMNS, make_partition
 from tests.fixtures.dag_files import load_dag_file
 from tests.fixtures.hdfs import HDFS_USER
@@ -69,7 +69,7 @@ import datetime as dt
 from airflow.providers.apache.hdfs.sensors.web_hdfs import WebHdfsSensor
 from airflow.sdk import DAG, task
 
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 
 OPTIONS = storage.StorageOptions(webhdfs_address={address!r}, hdfs_user={user!r})
 

@@ -16,9 +16,9 @@ import pytest
 
 from devstack.constants import SECRET_KEY
 from devstack.ray_head import ray_temp_dir
+from emr_ray.cluster.secrets import SECRET_REF_ENV, copy_key
 from emr_ray.hooks.ray import RayHook
 from emr_ray.operators.ray import RayJobOperator
-from emr_ray.secrets import SECRET_REF_ENV, copy_key
 from tests.integration.test_ray_jobs import FakeTaskInstance
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Every Ray job's result carries what it used (``emr_ray.jobs._usage``), measured on a real local Ray
+"""Every Ray job's result carries what it used (``emr_ray.cluster.jobs._usage``), measured on a real local Ray
 head through the Jobs API; the operator logs it and its XCom carries it; the training operator logs it
 on the MLflow run.
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from emr_ray.jobs import _usage
-from emr_ray.jobs._runtime import main
+from emr_ray.cluster.jobs import _usage
+from emr_ray.cluster.jobs._runtime import main
 
 pytestmark = pytest.mark.integration
 
@@ -114,8 +114,8 @@ def test_the_training_job_logs_its_usage_on_the_mlflow_run_it_trained(mlflow_con
     Airflow side needs no MLflow client for it); a reused run keeps the figures of its own job."""
     import mlflow
 
-    from emr_ray.jobs.train_mlflow import log_usage
-    from emr_ray.spec import MLflowSection, TrainJobSpec
+    from emr_ray.cluster.jobs.train_mlflow import log_usage
+    from emr_ray.cluster.spec import MLflowSection, TrainJobSpec
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_conn.tracking_uri)
     experiment = client.create_experiment(f"usage-{uuid.uuid4().hex[:8]}")

@@ -52,7 +52,7 @@ def test_every_step_reports_a_complete_event_in_the_configured_namespace(events,
 
 
 def test_preprocess_reads_the_raw_partition_and_writes_the_committed_generation(stack, events):
-    from emr_ray import partitions, storage
+    from emr_ray.cluster import partitions, storage
 
     event = events["preprocess"]
     assert ids(event["inputs"]) == [(f"cos://{BUCKET}", f"raw/dt={GOOD}")]

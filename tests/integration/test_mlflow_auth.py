@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from emr_ray import partitions
+from emr_ray.cluster import partitions
 from emr_ray.exceptions import MLflowAuthError
 from emr_ray.hooks.mlflow import MLflowHook
 from emr_ray.hooks.ray import RayHook
@@ -203,7 +203,7 @@ def test_the_password_is_not_in_the_entrypoint_job_log_xcoms_or_task_log(
 
 def test_the_password_is_not_in_the_job_info_of_the_jobs_api(conns: AuthMLflowServer, flow: Flow) -> None:
     """``GET /api/jobs/<id>`` shows the runtime_env to anyone with the cluster's token: the login
-    travels through the secret channel (``emr_ray.secrets``), not ``runtime_env.env_vars``."""
+    travels through the secret channel (``emr_ray.cluster.secrets``), not ``runtime_env.env_vars``."""
     job = RayHook().get_job(flow.submission_id)
     assert job is not None
     assert conns.user[1] not in json.dumps(job), json.dumps(job.get("runtime_env"))[:2000]
@@ -277,8 +277,8 @@ def test_a_job_without_credentials_ends_as_an_input_error_that_says_so(
 ) -> None:
     """The job's own MLflow step, run in this process with no credentials in its environment (as on a
     cluster where the secrets did not arrive): exit 2, no retry, and what to fix."""
-    from emr_ray.jobs import train_mlflow
-    from emr_ray.jobs._runtime import JobInputError
+    from emr_ray.cluster.jobs import train_mlflow
+    from emr_ray.cluster.jobs._runtime import JobInputError
 
     ti = FakeTaskInstance("train")
     op = train_op(staged, tmp_path)

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,7 @@ CRASHING_WRITER = """
 import json, os, sys
 import pyarrow as pa
 import pyarrow.parquet as pq
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 
 uri, step, raw = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 options = storage.StorageOptions(**raw) if raw else None

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from emr_ray import partitions
+from emr_ray.cluster import partitions
 from emr_ray.hooks.mlflow import MLflowHook
 from emr_ray.operators.mlflow import MLflowRegisterOperator
 from emr_ray.operators.torch import TorchTrainOperator

@@ -15,6 +15,7 @@ import uuid
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from emr_ray.cluster.reuse import DIGEST_KEY, FORCE_ENV
 from emr_ray.exceptions import (
     RayAuthError,
     RayClusterError,
@@ -28,7 +29,6 @@ from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayConnectOperator, RayJobOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
-from emr_ray.reuse import DIGEST_KEY, FORCE_ENV
 from tests.fixtures.ray import ray_connection_json
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from devstack.ray_head import LocalRay, start_isolated_cluster, stop_isolated_cluster
-from emr_ray import storage
+from emr_ray.cluster import storage
 from emr_ray.exceptions import RayJobFailedError, RayJobInputError
 from emr_ray.hooks.ray import RayHook
 from emr_ray.hooks.ray_packages import build_package, ensure_uploaded, provider_package

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 from tests.fixtures.pipeline import GOOD, dags_test
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from devstack.constants import BUCKET
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 from include.data import interactions
 from tests.fixtures.pipeline import GOOD, dags_test
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from emr_ray.jobs.rllib import STEP_METRIC
+from emr_ray.cluster.jobs.rllib import STEP_METRIC
 from tests.fixtures.mlflow import use_tracking_uri
 from tests.fixtures.pipeline import GOOD, dags_test
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from devstack.constants import BUCKET
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 from include.data import text
 from include.preprocessing.text import token_ids
 from tests.fixtures.pipeline import GOOD, dags_test

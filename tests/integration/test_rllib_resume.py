@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from emr_ray.cluster.jobs.rllib import STEP_METRIC
 from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
-from emr_ray.jobs.rllib import STEP_METRIC
 from emr_ray.operators.rllib import RLlibTrainOperator
 from tests.integration.test_ray_jobs import FakeTaskInstance, wait_for
 

@@ -1,4 +1,4 @@
-"""A warm Spark session that outlives one job (``spark_session="shared"``, :mod:`emr_ray.jobs.spark_session`).
+"""A warm Spark session that outlives one job (``spark_session="shared"``, :mod:`emr_ray.cluster.jobs.spark_session`).
 
 Real Ray jobs on the session's cluster (its 2-CPU head, plus any node another test added), real
 Spark on Ray, the COS stand-in with signature checks. Each test gives its sessions a configuration of
@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from devstack.constants import BUCKET, REGION
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
+from emr_ray.cluster.jobs._runtime import main
 from emr_ray.exceptions import RayJobFailedError
-from emr_ray.jobs._runtime import main
 from include.data.synthetic import FEATURE_COLUMNS, make_partition
 from tests.integration.test_ray_jobs import FakeTaskInstance
 
@@ -34,7 +34,7 @@ def sessions_job(spec: dict[str, Any]) -> dict[str, Any]:
     """The job: the names of the shared sessions, after killing them when ``spec["kill"]``."""
     import ray
 
-    from emr_ray.jobs import spark_session
+    from emr_ray.cluster.jobs import spark_session
 
     ray.init(address="auto", logging_level=logging.WARNING)
     names = spark_session.sessions()

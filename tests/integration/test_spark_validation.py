@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 from emr_ray.exceptions import RayJobFailedError
 from emr_ray.operators.raydp import RayDPSparkOperator
 from include.data.synthetic import FEATURE_COLUMNS, make_partition

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 from emr_ray.hooks.ray import RayHook
 from tests.integration.test_ray_jobs import FakeTaskInstance
 from tests.integration.test_train_resume import epochs_logged, make_operator

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.torch import TorchTrainOperator

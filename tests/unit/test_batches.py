@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from emr_ray.batches import batch_spec
-from emr_ray.spec import SpecError
+from emr_ray.cluster.batches import batch_spec
+from emr_ray.cluster.spec import SpecError
 
 TABLE = pa.table(
     {
@@ -95,7 +95,7 @@ def test_a_bad_declaration_is_refused_naming_the_input_and_the_fix(config, names
 
 
 def test_the_training_spec_checks_the_declared_inputs_before_submitting():
-    from emr_ray.spec import MLflowSection, TrainJobSpec
+    from emr_ray.cluster.spec import MLflowSection, TrainJobSpec
 
     with pytest.raises(SpecError, match="dtype 'int8'"):
         TrainJobSpec(

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from emr_ray import lineage, storage
+from emr_ray import lineage
+from emr_ray.cluster import storage
 from emr_ray.lineage import DatasetId
 
 BUCKET = "emr-ray-demo-1250000000"

@@ -51,13 +51,13 @@ def test_the_wheel_holds_only_the_provider(wheel: zipfile.ZipFile):
     assert sources <= set(wheel_names), sorted(sources - set(wheel_names))
     assert not [n for n in wheel_names if "devstack" in n or n.startswith("emr_ray/local/")]
     (entry_points,) = [n for n in wheel_names if n.endswith(".dist-info/entry_points.txt")]
-    assert "provider_info = emr_ray:get_provider_info" in wheel.read(entry_points).decode()
+    assert "provider_info = emr_ray.provider_info:get_provider_info" in wheel.read(entry_points).decode()
 
 
 def test_provider_info_matches_airflows_schema():
     import jsonschema
 
-    from emr_ray import get_provider_info
+    from emr_ray.provider_info import get_provider_info
 
     schema = json.loads(files("airflow").joinpath("provider_info.schema.json").read_text())
     jsonschema.Draft7Validator.check_schema(schema)

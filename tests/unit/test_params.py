@@ -7,7 +7,7 @@ import re
 import jsonschema
 import pytest
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 from emr_ray.params import PARTITION_PATTERN, committed_generation, committed_output, partition_param
 
 

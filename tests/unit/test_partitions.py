@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray import partitions, storage
+from emr_ray.cluster import partitions, storage
 
 
 def rows(n: int, start: int = 0) -> pa.Table:

@@ -1,4 +1,4 @@
-"""The promotion rule (``emr_ray.promotion``), one rule per test, in the order it applies; then what feeds it."""
+"""The promotion rule (``emr_ray.cluster.promotion``), one rule per test, in the order it applies; then what feeds it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from emr_ray.promotion import (
+from emr_ray.cluster.promotion import (
     Comparison,
     Decision,
     NonFiniteMetricError,

@@ -9,7 +9,7 @@ import pkgutil
 import pytest
 
 import emr_ray
-from emr_ray import get_provider_info
+from emr_ray.provider_info import get_provider_info
 
 KINDS = {  # provider-info section: the Airflow base class its modules define subclasses of
     "hooks": "airflow.sdk.BaseHook",

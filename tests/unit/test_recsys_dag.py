@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from emr_ray import batches
+from emr_ray.cluster import batches
 from include.preprocessing import recsys as preprocessing
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from emr_ray import secrets
+from emr_ray.cluster import secrets
 
 
 def test_without_a_reference_take_and_ensure_env_do_nothing(monkeypatch):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from emr_ray import spec
-from emr_ray.spec import (
+from emr_ray.cluster import spec
+from emr_ray.cluster.spec import (
     CheckpointSpec,
     CompareSection,
     MLflowSection,
@@ -119,8 +119,8 @@ def test_storage_secrets_come_from_the_environment_never_from_the_spec(monkeypat
 
 def test_spec_round_trips_through_the_entrypoint():
     payload = {"partition": "2026-11-02", "config": {"lr": 0.001, "columns": ["a", "b"]}}
-    command = spec.entrypoint("emr_ray.jobs.train", payload)
-    assert command.startswith("python -m emr_ray.jobs.train --spec-b64 ")
+    command = spec.entrypoint("emr_ray.cluster.jobs.train", payload)
+    assert command.startswith("python -m emr_ray.cluster.jobs.train --spec-b64 ")
     assert spec.decode_spec(command.rsplit(" ", 1)[1]) == payload
 
 
@@ -146,3 +146,29 @@ def test_the_last_marked_line_is_the_result():
 def test_import_by_path_errors_name_the_path(path, message):
     with pytest.raises(ValueError, match=message):
         spec.import_by_path(path)
+
+
+@pytest.mark.parametrize(
+    ("resources", "use_gpu"),
+    [
+        (None, False),
+        (None, True),
+        ({"CPU": 4, "memory": 1e9}, True),
+        ({"CPU": 1, "GPU": 2}, True),
+        ({"CPU": 2, "GPU": 0}, False),
+    ],
+)
+def test_the_trainer_the_warm_group_and_the_cluster_check_reserve_the_same_per_worker(resources, use_gpu):
+    """One resource rule, Ray Train's own: with ``use_gpu`` and nothing else asked a worker holds a GPU
+    and no CPU, in the job's trainer, in the warm group's placement bundle and in the cluster check."""
+    import ray.train
+
+    from emr_ray.cluster.jobs.train_group import bundle
+    from emr_ray.run_request import RunRequest
+
+    scaling = ScalingSpec(num_workers=3, use_gpu=use_gpu, resources_per_worker=resources)
+    trainer = ray.train.ScalingConfig(num_workers=3, use_gpu=use_gpu, resources_per_worker=resources)
+    per_worker = {k: float(v) for k, v in trainer._resources_per_worker_not_none.items()}
+    check = RunRequest(workers=3, resources_per_worker=resources, use_gpu=use_gpu)
+    assert scaling.per_worker() == per_worker == bundle(scaling.to_dict()) == check.per_worker
+    assert scaling.cpus == 3 * per_worker.get("CPU", 0.0) == check.training().get("CPU", 0.0)

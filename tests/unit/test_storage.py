@@ -1,4 +1,4 @@
-"""URIs, partitions and the commit protocol of emr_ray.storage (on a real local filesystem)."""
+"""URIs, partitions and the commit protocol of emr_ray.cluster.storage (on a real local filesystem)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 
 
 @pytest.mark.parametrize(

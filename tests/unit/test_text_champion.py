@@ -1,4 +1,4 @@
-"""The training job's champion comparison with the text module (plugins/emr_ray/jobs/compare.py driving
+"""The training job's champion comparison with the text module (plugins/emr_ray/cluster/jobs/compare.py driving
 include/models/text.py): the new model and a champion from another generation, with another
 vocabulary, each scored on the same raw test rows through its own vocabulary.
 
@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray.jobs import compare, shards
-from emr_ray.spec import CompareSection, MLflowSection, TrainJobSpec
+from emr_ray.cluster.jobs import compare, shards
+from emr_ray.cluster.spec import CompareSection, MLflowSection, TrainJobSpec
 from include.models import text as model_module
 from include.preprocessing.text import token_ids
 from tests.unit.test_text_model import CONFIG, VOCAB, sentiment_weights

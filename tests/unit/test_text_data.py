@@ -12,7 +12,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 from include.data import text
 from include.preprocessing.text import tokens, words
 

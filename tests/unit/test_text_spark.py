@@ -19,7 +19,7 @@ TRICKY = ["Don’t HATE it!!", "isn't\tbad\nat ALL", "CAFÉ naïve ÉCOLE", "\u2
 def spark():
     from pyspark.sql import SparkSession
 
-    from emr_ray.jobs.spark import JAVA_OPTIONS
+    from emr_ray.cluster.jobs.spark import JAVA_OPTIONS
 
     session = (
         SparkSession.builder.master("local[1]")

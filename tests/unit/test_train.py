@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from emr_ray import train as emr_train
+from emr_ray.cluster import train as emr_train
 from include.models.tabular import build_model
 
 

@@ -2,7 +2,7 @@
 
 DAG code lists, reads and writes COS through the ``cos`` connection, as ``s3://`` does with the
 Amazon provider. The filesystem is the provider's own pyarrow S3 filesystem against COS's
-S3-compatible endpoint (:func:`emr_ray.storage.filesystem`: region, endpoint, retries on throttling),
+S3-compatible endpoint (:func:`emr_ray.cluster.storage.filesystem`: region, endpoint, retries on throttling),
 wrapped for fsspec, so object storage and the jobs read COS the same way. fsspec and
 universal_pathlib find the ``cos`` protocol through this package's entry points (pyproject.toml);
 Airflow finds :func:`get_fs` through the provider info's ``filesystems``.
@@ -52,8 +52,8 @@ class COSPath(CloudPath):
 
 def pyarrow_filesystem(conn_id: str | None, overrides: dict[str, Any] | None = None) -> Any:
     """The provider's pyarrow filesystem for COS from a ``cos`` connection (default ``cos_default``)."""
+    from emr_ray.cluster.storage import StorageOptions, filesystem
     from emr_ray.hooks.cos import COSHook
-    from emr_ray.storage import StorageOptions, filesystem
 
     options = {**COSHook(conn_id or COSHook.default_conn_name).pyarrow_s3_options(), **(overrides or {})}
     return filesystem("cos://bucket", StorageOptions(**options))  # the bucket comes with each path

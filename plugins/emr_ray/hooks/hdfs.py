@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 
 
 class WebHdfsSettingsHook(BaseHook):

@@ -43,10 +43,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook
 
-from emr_ray import mlflow_auth
+from emr_ray.cluster import mlflow_auth
+from emr_ray.cluster.mlflow_auth import CREDENTIAL_ENV_VARS
 from emr_ray.exceptions import MLflowAuthError, MLflowRegistryError
 from emr_ray.hooks.mlflow_registry import MLflowRegistryMixin
-from emr_ray.mlflow_auth import CREDENTIAL_ENV_VARS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

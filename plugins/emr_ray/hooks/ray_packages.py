@@ -4,9 +4,9 @@ A remote cluster may have nothing of ours installed. With the ``ray`` connection
 ``"code": "ship"`` (or the operator's ``code="ship"``), every job's runtime_env gets ``py_modules``
 URIs for:
 
-- the provider's cluster-side package ``emr_ray`` (all of it but the Airflow-side ``hooks``,
-  ``operators``, ``sensors``, ``triggers`` and ``links``: what :func:`emr_ray.reuse.code_version`
-  hashes), so the cluster runs exactly the code this Airflow side was built with;
+- the provider's cluster side (``emr_ray/__init__.py`` and ``emr_ray/cluster/``, exactly what
+  :func:`emr_ray.cluster.reuse.code_version` hashes), so the cluster runs exactly the code this
+  Airflow side was built with;
 - the user's ``include/`` package (found next to the DAGs folder, or set with the connection's extra
   ``include_dir``; ``""`` ships none).
 
@@ -23,7 +23,7 @@ executables), no ``__pycache__``, ``*.pyc``, ``.git`` or virtualenvs, and the pa
 ``.gitignore`` / ``.rayignore`` files and of the runtime_env's ``excludes`` left out, as Ray does.
 So the same files give the same bytes, and the name ``gcs://_ray_pkg_<sha1 of the zip>.zip``
 addresses the content: an unchanged package keeps its URI, and so the spec digest
-(:mod:`emr_ray.reuse`) and reattach on retry.
+(:mod:`emr_ray.cluster.reuse`) and reattach on retry.
 
 **Upload** as ``JobSubmissionClient`` does, with the hook's HTTP client and token:
 ``GET /api/packages/gcs/<name>`` (200: the cluster has it; the call also pins it for the cluster's
@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from emr_ray.cluster.reuse import cluster_side_files
 from emr_ray.exceptions import RayConnectionConfigError, RayJobRejectedError
 
 if TYPE_CHECKING:
@@ -70,8 +71,6 @@ PACKAGES = "/api/packages/gcs/"
 PKG_PREFIX = "_ray_pkg_"
 #: what never ships (gitignore patterns, as Ray's ``excludes``)
 DEFAULT_EXCLUDES = ("__pycache__/", "*.pyc", "*.pyo", ".git/", ".venv/", "venv/", ".DS_Store")
-#: the provider's Airflow-side subpackages: never imported by a job, never shipped
-AIRFLOW_SIDE = ("hooks", "operators", "sensors", "triggers", "links")
 #: the fixed timestamp of every entry (the earliest a zip can hold)
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 #: Ray refuses packages of 512 MiB (its gRPC message limit) and more
@@ -230,11 +229,22 @@ def build_package(path: str | os.PathLike, *, parent_dir: bool, excludes: Iterab
 
 
 def provider_package() -> Package:
-    """The cluster-side ``emr_ray`` package (without its Airflow-side subpackages)."""
-    import emr_ray
-
-    root = Path(emr_ray.__file__).parent
-    return build_package(root, parent_dir=True, excludes=[f"/{name}/" for name in AIRFLOW_SIDE])
+    """The cluster side of ``emr_ray`` (:func:`emr_ray.cluster.reuse.cluster_side_files`), under
+    ``emr_ray/`` as ``py_modules`` wants: the same files the code version hashes."""
+    files = cluster_side_files()
+    source = Path(files[0][1]).parent
+    key = (str(source), "cluster-side")
+    fingerprint = _fingerprint(files)
+    with _cache_lock:
+        cached = _cache.get(key)
+        if cached and cached[0] == fingerprint:
+            return cached[1]
+    started = time.perf_counter()
+    data = zip_bytes((f"{source.name}/{name}", path) for name, path in files)
+    package = Package(package_uri(data), data, source, len(files), time.perf_counter() - started)
+    with _cache_lock:
+        _cache[key] = (fingerprint, package)
+    return package
 
 
 def find_include_dir(setting: str | None = None, dags_folder: str | None = None) -> Path | None:

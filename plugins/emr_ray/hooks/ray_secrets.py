@@ -1,4 +1,4 @@
-"""Stage a job's secrets on the cluster, out of sight of its pages (Airflow side of :mod:`emr_ray.secrets`).
+"""Stage a job's secrets on the cluster, out of sight of its pages (Airflow side of :mod:`emr_ray.cluster.secrets`).
 
 The secrets travel once, over the hook's authenticated (and, remotely, TLS) connection, as a small
 blob put through the Jobs API's package endpoint under a random name; the job's environment names
@@ -15,7 +15,7 @@ import secrets as random_tokens
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from emr_ray.secrets import SECRET_REF_ENV, STAGED_PREFIX
+from emr_ray.cluster.secrets import SECRET_REF_ENV, STAGED_PREFIX
 
 if TYPE_CHECKING:
     from emr_ray.hooks.ray import RayHook

@@ -16,13 +16,13 @@ from typing import Any
 
 import httpx
 
+from emr_ray.cluster.spec import ERROR_MARKER, RESULT_MARKER, parse_marked
 from emr_ray.exceptions import RayJobsApiError
-from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, parse_marked
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 #: states of an earlier try's job that a new try may take over (when its spec is identical)
 REUSABLE_STATES = frozenset({"PENDING", "RUNNING", "SUCCEEDED"})
-#: error types the job runtime (``emr_ray.jobs._runtime``) exits 2 for: bad input, not worth a retry
+#: error types the job runtime (``emr_ray.cluster.jobs._runtime``) exits 2 for: bad input, not worth a retry
 INPUT_ERROR_TYPES = frozenset(
     {"JobInputError", "StorageError", "ValueError", "SpecError", "ImportError", "ModuleNotFoundError"}
 )

@@ -1,7 +1,7 @@
 """Register a model version from an MLflow run and promote it with aliases (champion/challenger).
 
 MLflow deprecated model stages; this operator uses aliases only. The new version always becomes
-``challenger``; ``champion`` moves by :func:`emr_ray.promotion.decide`, on figures that compare like
+``challenger``; ``champion`` moves by :func:`emr_ray.cluster.promotion.decide`, on figures that compare like
 with like: when the training job scored the current champion on the challenger's own test rows
 (``TorchTrainOperator(compare_with_model=...)``), those two figures decide; older runs fall back
 to the metric the champion's own run logged. A NaN or infinite metric fails the task without retry
@@ -28,11 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator
 
-from emr_ray.exceptions import MLflowMetricNotFiniteError, MLflowRegistryError
-from emr_ray.hooks.mlflow import MLflowHook
-from emr_ray.hooks.mlflow_registry import TAG_ARTIFACT_PATH
-from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
-from emr_ray.promotion import (
+from emr_ray.cluster.promotion import (
     DIRECTIONS,
     TAG_COMPARE_SKIPPED,
     Comparison,
@@ -43,6 +39,10 @@ from emr_ray.promotion import (
     historical_reason,
     require_finite,
 )
+from emr_ray.exceptions import MLflowMetricNotFiniteError, MLflowRegistryError
+from emr_ray.hooks.mlflow import MLflowHook
+from emr_ray.hooks.mlflow_registry import TAG_ARTIFACT_PATH
+from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
 from emr_ray.templating import as_bool
 
 if TYPE_CHECKING:
@@ -297,7 +297,7 @@ class MLflowRegisterOperator(BaseOperator):
         return result
 
     def _decide(self, candidate: Candidate, champion: Champion, version: str | None) -> Decision:
-        """:func:`~emr_ray.promotion.decide` on ``candidate`` (``version`` once registered) and ``champion``."""
+        """:func:`~emr_ray.cluster.promotion.decide` on ``candidate`` (``version`` once registered) and ``champion``."""
         try:
             return decide(
                 candidate.value,

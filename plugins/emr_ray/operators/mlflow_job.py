@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from emr_ray.cluster.spec import MLflowSection
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
-from emr_ray.spec import MLflowSection
 
 if TYPE_CHECKING:
     from emr_ray.hooks.mlflow import MLflowHook

@@ -16,6 +16,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, conf
 
+from emr_ray.cluster.reuse import DIGEST_KEY, FORCE_ENV, code_version, spec_digest
+from emr_ray.cluster.secrets import SECRET_REF_ENV
+from emr_ray.cluster.spec import COS_SECRET_ENV, JobSpec, entrypoint
 from emr_ray.exceptions import (
     RayAuthError,
     RayClusterError,
@@ -43,9 +46,6 @@ from emr_ray.hooks.ray_wait import (
 from emr_ray.identity import TaskIdentity
 from emr_ray.links.ray import RayJobLink
 from emr_ray.operators.ray_check import RayConnectOperator
-from emr_ray.reuse import DIGEST_KEY, FORCE_ENV, code_version, spec_digest
-from emr_ray.secrets import SECRET_REF_ENV
-from emr_ray.spec import COS_SECRET_ENV, JobSpec, entrypoint
 from emr_ray.templating import as_bool
 from emr_ray.triggers.ray import RayJobTrigger
 
@@ -64,12 +64,12 @@ def _seconds(value: float | timedelta | str | None) -> float | None:
 
 
 class RayJobOperator(BaseOperator):
-    """Run one of the package's cluster-side jobs (``emr_ray.jobs.<name>``) through the Ray Jobs API.
+    """Run one of the package's cluster-side jobs (``emr_ray.cluster.jobs.<name>``) through the Ray Jobs API.
 
     The submission id is derived from the task instance (one per try). The job log streams into the
     task log; the job's JSON result is the XCom. Every result carries ``usage``, what the job used
     (wall time, CPU- and GPU-seconds reserved, peak memory, seconds per phase:
-    :mod:`emr_ray.jobs._usage`), and the task log shows it in one line (``Used: 1 job, ...``).
+    :mod:`emr_ray.cluster.jobs._usage`), and the task log shows it in one line (``Used: 1 job, ...``).
 
     **Reuse.** A retried task first looks for the jobs of its earlier tries and takes over one that
     is PENDING, RUNNING or SUCCEEDED, but only when it was submitted with the same spec digest
@@ -88,7 +88,7 @@ class RayJobOperator(BaseOperator):
     config) or that someone stopped fails the task without retries (``AirflowFailException``);
     other job failures are retried.
 
-    :param job_module: the cluster-side module to run, e.g. ``emr_ray.jobs.train``.
+    :param job_module: the cluster-side module to run, e.g. ``emr_ray.cluster.jobs.train``.
     :param spec: the job's spec (templated).
     :param ray_conn_id: the ``ray`` connection.
     :param runtime_env: merged over the connection's runtime_env (templated).
@@ -129,7 +129,7 @@ class RayJobOperator(BaseOperator):
     template_fields: Sequence[str] = ("spec", "runtime_env", "force_recompute", "defer_after")
     template_fields_renderers = {"spec": "json", "runtime_env": "json"}
     operator_extra_links = (RayJobLink(),)
-    job_module = "emr_ray.jobs.echo"
+    job_module = "emr_ray.cluster.jobs.echo"
 
     def __init__(
         self,
@@ -180,7 +180,7 @@ class RayJobOperator(BaseOperator):
         return RayHook(self.ray_conn_id, retry_seconds=min(_STOP_RETRY_SECONDS, self.monitor_retry_seconds))
 
     def build_spec(self, context: Any, identity: TaskIdentity) -> JobSpec | dict[str, Any]:
-        """The job's spec: subclasses build their typed spec (:mod:`emr_ray.spec`); this base class
+        """The job's spec: subclasses build their typed spec (:mod:`emr_ray.cluster.spec`); this base class
         sends ``spec`` as given, for a job module of your own. Never put secrets here."""
         return dict(self.spec)
 
@@ -274,8 +274,8 @@ class RayJobOperator(BaseOperator):
     def _cos_settings(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The COS connection split into the spec's public part and the job's secret env vars (read
         once: the spec and the job's environment both need it)."""
+        from emr_ray.cluster.storage import StorageOptions
         from emr_ray.hooks.cos import COSHook
-        from emr_ray.storage import StorageOptions
 
         options = StorageOptions(**COSHook(self.cos_conn_id).pyarrow_s3_options())
         secrets = {env: getattr(options, key) for key, env in COS_SECRET_ENV.items() if getattr(options, key)}
@@ -295,7 +295,7 @@ class RayJobOperator(BaseOperator):
         secrets: Mapping[str, str] | None = None,
     ) -> str:
         """Take over an earlier try's job with the same spec digest, else submit this try's job
-        (its ``secrets`` staged on the cluster: :mod:`emr_ray.secrets`)."""
+        (its ``secrets`` staged on the cluster: :mod:`emr_ray.cluster.secrets`)."""
         force = as_bool(self.force_recompute)
         if force:
             runtime_env = merge_runtime_env(runtime_env, {"env_vars": {FORCE_ENV: "1"}})
@@ -445,8 +445,8 @@ class RayJobOperator(BaseOperator):
 
     def report_usage(self, result: Mapping[str, Any]) -> None:
         """Log what the job used (its result's ``usage``, which the XCom carries too: see
-        :mod:`emr_ray.jobs._usage`); subclasses also record it where their results go."""
-        from emr_ray.jobs._usage import summary
+        :mod:`emr_ray.cluster.jobs._usage`); subclasses also record it where their results go."""
+        from emr_ray.cluster.jobs._usage import summary
 
         if isinstance(result, Mapping) and isinstance(result.get("usage"), Mapping):
             self.log.info("Used: %s", summary(result["usage"]))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from emr_ray import lineage, storage
+from emr_ray import lineage
+from emr_ray.cluster import storage
+from emr_ray.cluster.spec import SparkJobSpec, SparkSettings
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
-from emr_ray.spec import SparkJobSpec, SparkSettings
 from emr_ray.templating import as_bool
 
 
@@ -18,13 +19,13 @@ class RayDPSparkOperator(RayJobOperator):
     The job reads ``<input_uri>/dt=<partition>`` (only if committed with ``_SUCCESS``), calls
     ``preprocess(df, config)`` (an import path to a function in ``include/``) and writes each returned
     DataFrame into a new generation of ``<output_uri>/dt=<partition>``, made current by one atomic
-    commit (:mod:`emr_ray.partitions`): readers see the previous generation or this one, whole, never
+    commit (:mod:`emr_ray.cluster.partitions`): readers see the previous generation or this one, whole, never
     a mix, even with two writers or a crash. Spark is always stopped.
     The XCom: partition, input and output URIs, ``generation``, ``outputs`` (each output's URI inside
     that generation: pass them to the training task so it reads exactly this run's data), rows in and
     rows out per output, ``superseded_by`` when another writer committed later, and ``usage`` (what the
     job used, by phase: ``spark_start``, ``read``, ``compute``, ``write``, ``commit``; see
-    :mod:`emr_ray.jobs._usage`).
+    :mod:`emr_ray.cluster.jobs._usage`).
 
     Lineage (with Airflow's OpenLineage provider): the input partition in, each output of the committed
     generation out, with its schema, row and file counts and the generation as its version
@@ -45,7 +46,7 @@ class RayDPSparkOperator(RayJobOperator):
         warm session that outlives the job runs the preprocessing (one per configuration: Spark
         settings, Hadoop settings, shipped code; stopped after ``spark_idle_timeout`` seconds unused,
         and released earlier when a job needs its CPUs), which saves a partition Spark's start-up,
-        about 18 s here (:mod:`emr_ray.jobs.spark_session`; templated).
+        about 18 s here (:mod:`emr_ray.cluster.jobs.spark_session`; templated).
     :param spark_idle_timeout: seconds a shared session waits unused before it stops (templated).
     :param keep_generations: committed generations kept per partition; older ones are removed
         after each commit (a run still reading one of them needs it kept).
@@ -64,7 +65,7 @@ class RayDPSparkOperator(RayJobOperator):
         "config": "json",
         "spark_configs": "json",
     }
-    job_module = "emr_ray.jobs.spark"
+    job_module = "emr_ray.cluster.jobs.spark"
     ui_color = "#fde8d0"
 
     def __init__(
@@ -143,8 +144,8 @@ class RayDPSparkOperator(RayJobOperator):
 
     def _lineage_manifest(self, result: dict[str, Any]) -> dict[str, Any] | None:
         """The committed generation's manifest (schemas, files), or None (logged) when it cannot be read."""
-        from emr_ray import partitions
-        from emr_ray.spec import COS_SECRET_ENV
+        from emr_ray.cluster import partitions
+        from emr_ray.cluster.spec import COS_SECRET_ENV
 
         uri = str(result["output_uri"])
         try:

@@ -6,9 +6,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from emr_ray.cluster.spec import RLlibJobSpec
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.mlflow_job import MLflowJobOperator
-from emr_ray.spec import RLlibJobSpec
 
 if TYPE_CHECKING:
     pass
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 class RLlibTrainOperator(MLflowJobOperator):
     """Train an RLlib algorithm (new API stack) on a Gymnasium environment in a Ray job; log it to MLflow.
 
-    The job (:mod:`emr_ray.jobs.rllib`) trains ``iterations`` iterations and saves the whole
+    The job (:mod:`emr_ray.cluster.jobs.rllib`) trains ``iterations`` iterations and saves the whole
     algorithm every ``checkpoint_every`` iterations under
     ``<storage_path>/checkpoints/<dag_id>/<run_id>/<task_id>/<run name>``: an Airflow retry resumes
     from the latest checkpoint into the same MLflow run (``start_iteration`` > 0), and a rerun of a
@@ -59,7 +59,7 @@ class RLlibTrainOperator(MLflowJobOperator):
         "env_config": "json",
         "model_config": "json",
     }
-    job_module = "emr_ray.jobs.rllib"
+    job_module = "emr_ray.cluster.jobs.rllib"
     ui_color = "#e3f0e8"
 
     def __init__(

@@ -5,22 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from emr_ray.identity import TaskIdentity
-from emr_ray.operators.mlflow_job import MLflowJobOperator
-from emr_ray.spec import (
+from emr_ray.cluster.spec import (
     CheckpointSpec,
     CompareSection,
     FailureSpec,
     ScalingSpec,
     TrainJobSpec,
 )
+from emr_ray.identity import TaskIdentity
+from emr_ray.operators.mlflow_job import MLflowJobOperator
 from emr_ray.templating import as_bool
 
 
 class TorchTrainOperator(MLflowJobOperator):
     """Train a model with ``TorchTrainer`` on the cluster; each worker reads its own rows of the staged Parquet.
 
-    Workers read their shards straight from storage with pyarrow (``emr_ray.train.worker_shard``): equal
+    Workers read their shards straight from storage with pyarrow (``emr_ray.cluster.train.worker_shard``): equal
     training shards (so DDP workers run the same steps), no copy through the job or Ray's object store.
 
     The Ray Train run name and storage path come from the task instance, so an Airflow retry resumes
@@ -38,12 +38,12 @@ class TorchTrainOperator(MLflowJobOperator):
 
     With ``compare_with_model``, the job then scores ``models:/<compare_with_model>@<compare_alias>``
     and the new model on the same test rows with the training module's ``evaluate`` (see
-    :mod:`emr_ray.jobs.compare`), logs both figures to the MLflow run (``compare.*``), and returns
+    :mod:`emr_ray.cluster.jobs.compare`), logs both figures to the MLflow run (``compare.*``), and returns
     them as ``comparison``: :class:`~emr_ray.operators.mlflow.MLflowRegisterOperator` promotes on
     them. A rerun that reuses a finished training scores the champion again if it changed since.
 
     :param train_loop: import path of the per-worker loop, ``include.models.tabular:train_loop`` (templated).
-        Its module also provides ``build_model(config)`` (see :class:`emr_ray.train.TrainingModule`).
+        Its module also provides ``build_model(config)`` (see :class:`emr_ray.cluster.train.TrainingModule`).
     :param datasets: named dataset URIs, e.g. ``{"train": ..., "test": ...}`` (templated).
     :param config: hyperparameters passed to the loop (templated).
     :param storage_path: root for checkpoints (``file://``, ``cos://``; templated).
@@ -60,7 +60,7 @@ class TorchTrainOperator(MLflowJobOperator):
         group joined once; one per configuration: scaling, shipped code), stopped after
         ``worker_group_idle_timeout`` seconds unused, released when another job needs its CPUs. It
         saves Ray Train's 10-15 s of worker-group start per training here; same loop, same
-        checkpoints, same resume (:mod:`emr_ray.jobs.train_group`; templated).
+        checkpoints, same resume (:mod:`emr_ray.cluster.jobs.train_group`; templated).
     :param worker_group_idle_timeout: seconds a warm worker group waits unused before it stops (templated).
     :param mlflow_conn_id: the ``mlflow`` connection the job logs to. Its login and password (or token)
         reach the job only as ``MLFLOW_TRACKING_*`` secret environment variables
@@ -83,7 +83,7 @@ class TorchTrainOperator(MLflowJobOperator):
         "config": "json",
         "datasets": "json",
     }
-    job_module = "emr_ray.jobs.train"
+    job_module = "emr_ray.cluster.jobs.train"
     ui_color = "#fbe3e8"
 
     def __init__(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 from emr_ray.hooks.cos import COSHook
 from emr_ray.hooks.cos_keys import match_keys
 from emr_ray.hooks.cos_unchanged import check_unchanged, with_inactivity_metadata

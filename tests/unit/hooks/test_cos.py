@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from emr_ray import get_provider_info
 from emr_ray.exceptions import COSError
 from emr_ray.hooks.cos import COSHook
+from emr_ray.provider_info import get_provider_info
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from emr_ray.cluster.mlflow_auth import refusal
 from emr_ray.exceptions import MLflowAuthError, MLflowRegistryError
 from emr_ray.hooks.mlflow import CREDENTIAL_ENV_VARS, MLflowHook, _strip_userinfo
-from emr_ray.mlflow_auth import refusal
 
 
 def _set_conn(monkeypatch: pytest.MonkeyPatch, conn_id: str = "mlflow_default", **fields: Any) -> None:
@@ -31,7 +31,7 @@ def _set_conn(monkeypatch: pytest.MonkeyPatch, conn_id: str = "mlflow_default", 
 
 def test_importing_the_hook_and_operator_loads_no_mlflow() -> None:
     code = (
-        "import sys, emr_ray.hooks.mlflow, emr_ray.operators.mlflow, emr_ray.links.mlflow, emr_ray.promotion;"
+        "import sys, emr_ray.hooks.mlflow, emr_ray.operators.mlflow, emr_ray.links.mlflow, emr_ray.cluster.promotion;"
         "bad = [m for m in ('mlflow', 'torch') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from emr_ray.cluster.reuse import cluster_side_files
 from emr_ray.exceptions import RayConnectionConfigError
 from emr_ray.hooks import ray_packages
 from emr_ray.hooks.ray_packages import (
@@ -147,9 +148,10 @@ def test_the_provider_package_is_the_cluster_side_and_imports_without_airflow(tm
     on a path, its jobs import with Airflow made unimportable."""
     package = provider_package()
     shipped = names(package.data)
-    assert "emr_ray/jobs/_runtime.py" in shipped and "emr_ray/jobs/spark.py" in shipped
-    assert "emr_ray/train.py" in shipped and "emr_ray/spec.py" in shipped
-    assert not [n for n in shipped if n.split("/")[1] in ray_packages.AIRFLOW_SIDE]
+    assert "emr_ray/cluster/jobs/_runtime.py" in shipped and "emr_ray/cluster/jobs/spark.py" in shipped
+    assert "emr_ray/cluster/train.py" in shipped and "emr_ray/cluster/spec.py" in shipped
+    assert shipped == ["emr_ray/" + name for name, _ in cluster_side_files()]
+    assert not [n for n in shipped if not (n == "emr_ray/__init__.py" or n.startswith("emr_ray/cluster/"))]
     assert not [n for n in shipped if "__pycache__" in n or n.endswith(".pyc")]
     target = tmp_path / "unpacked"
     zipfile.ZipFile(io.BytesIO(package.data)).extractall(target)
@@ -162,11 +164,11 @@ def test_the_provider_package_is_the_cluster_side_and_imports_without_airflow(tm
                     raise ImportError("the cluster side imported " + name)
         sys.meta_path.insert(0, NoAirflow())
         sys.path.insert(0, {str(target)!r})
-        import emr_ray, emr_ray.jobs
+        import emr_ray, emr_ray.cluster.jobs
         assert emr_ray.__file__.startswith({str(target)!r}), emr_ray.__file__
-        for m in pkgutil.iter_modules(emr_ray.jobs.__path__):
-            importlib.import_module("emr_ray.jobs." + m.name)
-        import emr_ray.train, emr_ray.partitions, emr_ray.storage, emr_ray.secrets
+        for m in pkgutil.iter_modules(emr_ray.cluster.jobs.__path__):
+            importlib.import_module("emr_ray.cluster.jobs." + m.name)
+        import emr_ray.cluster.train, emr_ray.cluster.partitions, emr_ray.cluster.storage, emr_ray.cluster.secrets
         print(sorted(n for n in sys.modules if n.split(".")[0] in ("airflow", "ray")))
         """
     )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from emr_ray.cluster.secrets import SECRET_REF_ENV
 from emr_ray.hooks.ray_secrets import staged_ref_of
-from emr_ray.secrets import SECRET_REF_ENV
 
 
 def _job(status: str, ref: str | None) -> dict:

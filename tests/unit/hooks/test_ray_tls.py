@@ -13,10 +13,10 @@ import ssl
 import pytest
 
 from devstack.tls_proxy import LocalPki, make_local_pki
-from emr_ray import get_provider_info
 from emr_ray.exceptions import RayConnectionConfigError
 from emr_ray.hooks.ray import RayHook
 from emr_ray.hooks.ray_tls import RayTlsConfig, describe_tls_failure, is_loopback, refuse_plain_http
+from emr_ray.provider_info import get_provider_info
 
 TOKEN = "s3cret-token-value"
 

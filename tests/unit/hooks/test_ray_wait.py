@@ -1,13 +1,16 @@
 """One reading of a Ray job for both wait paths (``emr_ray.hooks.ray``): what to do after a poll, what a
 finished job means (and whether a retry could help), what a job stuck in PENDING waits for.
 
-The job side of the contract is real: ``emr_ray.jobs._runtime.main`` prints the lines read here.
+The job side of the contract is real: ``emr_ray.cluster.jobs._runtime.main`` prints the lines read here.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from emr_ray.cluster.jobs import _runtime
+from emr_ray.cluster.jobs._runtime import JobInputError
+from emr_ray.cluster.storage import StorageError
 from emr_ray.hooks.ray_wait import (
     FINISH,
     PENDING_TIMEOUT,
@@ -20,9 +23,6 @@ from emr_ray.hooks.ray_wait import (
     summarize_cluster,
     unreadable_logs,
 )
-from emr_ray.jobs import _runtime
-from emr_ray.jobs._runtime import JobInputError
-from emr_ray.storage import StorageError
 
 
 @pytest.mark.parametrize(

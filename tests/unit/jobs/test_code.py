@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from emr_ray.jobs._code import TESTED_PINS, MissingModuleError, code_origin, explain_import_error
-from emr_ray.spec import import_by_path
+from emr_ray.cluster.jobs._code import TESTED_PINS, MissingModuleError, code_origin, explain_import_error
+from emr_ray.cluster.spec import import_by_path
 
 REPO = Path(__file__).resolve().parents[3]
 

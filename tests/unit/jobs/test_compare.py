@@ -1,4 +1,4 @@
-"""The training job's comparison step (``emr_ray.jobs.compare``) without a cluster: a real MLflow
+"""The training job's comparison step (``emr_ray.cluster.jobs.compare``) without a cluster: a real MLflow
 SQLite store in a temporary folder, real Parquet test rows, the project's own ``evaluate``.
 
 The step on the real Ray cluster, after a real fit, is in ``tests/integration/test_promotion_safety.py``.
@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray import train as emr_train
-from emr_ray.jobs import compare, shards
-from emr_ray.promotion import comparison_from_run
-from emr_ray.spec import CompareSection, MLflowSection, StorageSection, TrainJobSpec
+from emr_ray.cluster import train as emr_train
+from emr_ray.cluster.jobs import compare, shards
+from emr_ray.cluster.promotion import comparison_from_run
+from emr_ray.cluster.spec import CompareSection, MLflowSection, StorageSection, TrainJobSpec
 from include.models.tabular import build_model, evaluate
 
 FEATURES = ["f0", "f1", "f2", "f3"]
@@ -176,7 +176,9 @@ def test_no_comparison_asked_is_none(store: str, plan: dict) -> None:
 
 
 def test_a_module_without_evaluate_skips_and_says_what_to_add(store: str, plan: dict) -> None:
-    spec = spec_for(store, "champ", train_loop="emr_ray.jobs.shards:plan")  # a module without evaluate
+    spec = spec_for(
+        store, "champ", train_loop="emr_ray.cluster.jobs.shards:plan"
+    )  # a module without evaluate
     run_id = new_run(store)
     result = compare.with_champion(spec, plan, spec.storage.options(), run_id, None)
     assert result is not None and "has no evaluate(model, config, table)" in result["skipped"]

@@ -8,10 +8,10 @@ import math
 import pytest
 from pyarrow import fs as pafs
 
-from emr_ray.jobs import rllib as job
-from emr_ray.jobs._runtime import JobInputError
-from emr_ray.jobs.train import RunState
-from emr_ray.spec import MLflowSection, RLlibJobSpec, SpecError
+from emr_ray.cluster.jobs import rllib as job
+from emr_ray.cluster.jobs._runtime import JobInputError
+from emr_ray.cluster.jobs.train import RunState
+from emr_ray.cluster.spec import MLflowSection, RLlibJobSpec, SpecError
 
 
 def spec_for(**overrides) -> RLlibJobSpec:

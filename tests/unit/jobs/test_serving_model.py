@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from emr_ray.jobs import compare, shards
-from emr_ray.spec import CompareSection, MLflowSection, TrainJobSpec
+from emr_ray.cluster.jobs import compare, shards
+from emr_ray.cluster.spec import CompareSection, MLflowSection, TrainJobSpec
 from tests.unit.jobs import word_model
 
 WORDS = ["good", "bad", "great", "awful"]

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyarrow import fs as pafs
 
-from emr_ray.jobs.shards import Piece, plan, read
+from emr_ray.cluster.jobs.shards import Piece, plan, read
 
 
 def _rows(shard: list[Piece]) -> int:

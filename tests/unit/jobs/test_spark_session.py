@@ -1,4 +1,4 @@
-"""Which jobs may share a warm Spark session (``emr_ray.jobs.spark_session``), without a cluster: the
+"""Which jobs may share a warm Spark session (``emr_ray.cluster.jobs.spark_session``), without a cluster: the
 session's name is its configuration, and nothing of one job alone (its secrets, its flags) goes into
 the session or its name. On a real cluster: ``tests/integration/test_spark_session.py``.
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from emr_ray.jobs.spark_session import NAME_PREFIX, session_key, session_runtime_env
-from emr_ray.spec import SparkSettings
+from emr_ray.cluster.jobs.spark_session import NAME_PREFIX, session_key, session_runtime_env
+from emr_ray.cluster.spec import SparkSettings
 
 SETTINGS = {
     "num_executors": 1,

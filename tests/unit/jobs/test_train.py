@@ -6,10 +6,10 @@ import pyarrow as pa
 import pytest
 from pyarrow import fs as pafs
 
-from emr_ray import partitions
-from emr_ray.jobs import train as job
-from emr_ray.jobs._runtime import JobInputError
-from emr_ray.spec import MLflowSection, ScalingSpec, TrainJobSpec
+from emr_ray.cluster import partitions
+from emr_ray.cluster.jobs import train as job
+from emr_ray.cluster.jobs._runtime import JobInputError
+from emr_ray.cluster.spec import MLflowSection, ScalingSpec, TrainJobSpec
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""The warm training worker group without a cluster (``emr_ray.jobs.train_group``,
+"""The warm training worker group without a cluster (``emr_ray.cluster.jobs.train_group``,
 ``train_checkpoints``): which trainings may share a group, how a run's checkpoints are kept and
-found, and the project's loop running in a warm worker's context (``emr_ray.train.WarmCall``), in
+found, and the project's loop running in a warm worker's context (``emr_ray.cluster.train.WarmCall``), in
 this process with torch and real Parquet files. On a real cluster: ``tests/integration/test_train_group.py``.
 """
 
@@ -11,11 +11,11 @@ import os
 
 import pytest
 
-from emr_ray import train as emr_train
-from emr_ray.jobs import shards, train_checkpoints
-from emr_ray.jobs.train_checkpoints import CheckpointStore
-from emr_ray.jobs.train_group import NAME_PREFIX, bundle, group_key
-from emr_ray.spec import CheckpointSpec, ScalingSpec
+from emr_ray.cluster import train as emr_train
+from emr_ray.cluster.jobs import shards, train_checkpoints
+from emr_ray.cluster.jobs.train_checkpoints import CheckpointStore
+from emr_ray.cluster.jobs.train_group import NAME_PREFIX, group_key
+from emr_ray.cluster.spec import CheckpointSpec, ScalingSpec
 
 SCALING = ScalingSpec(num_workers=2).to_dict()
 JOB_ENV = {
@@ -25,7 +25,7 @@ JOB_ENV = {
 
 
 def test_trainings_with_the_same_scaling_and_code_share_a_group_whatever_their_secrets():
-    from emr_ray.jobs.warm import pool_runtime_env
+    from emr_ray.cluster.jobs.warm import pool_runtime_env
 
     other_secret = {**JOB_ENV, "env_vars": {**JOB_ENV["env_vars"], "EMR_RAY_SECRETS_REF": "gcs://y.zip"}}
     one, two = (
@@ -37,17 +37,8 @@ def test_trainings_with_the_same_scaling_and_code_share_a_group_whatever_their_s
     assert group_key(SCALING, pool_runtime_env(JOB_ENV | {"py_modules": ["gcs://_ray_pkg_other.zip"]})) != one
 
 
-def test_a_worker_holds_one_cpu_and_a_gpu_only_when_asked():
-    assert bundle(SCALING) == {"CPU": 1.0}
-    assert bundle(ScalingSpec(1, use_gpu=True).to_dict()) == {"CPU": 1.0, "GPU": 1.0}
-    assert bundle(ScalingSpec(1, resources_per_worker={"CPU": 4, "memory": 1e9}).to_dict()) == {
-        "CPU": 4.0,
-        "memory": 1e9,
-    }
-
-
 def test_the_worker_group_mode_is_checked_when_the_spec_is_built():
-    from emr_ray.spec import TrainJobSpec
+    from emr_ray.cluster.spec import TrainJobSpec
 
     with pytest.raises(ValueError, match=r"worker_group='warm': use 'job' .* or 'shared'"):
         TrainJobSpec(
@@ -104,7 +95,7 @@ def plan(tmp_path):
 def run_loop(config, reports, resume_dir=None):
     import torch
 
-    from emr_ray.storage import StorageOptions
+    from emr_ray.cluster.storage import StorageOptions
     from include.models.tabular import train_loop
 
     def report(metrics, directory):
@@ -145,7 +136,7 @@ def seen_credentials(name: str) -> dict[str, str | None]:
     """What ``after_fit``'s function sees (called by import path in the specs below)."""
     import logging
 
-    logging.getLogger("emr_ray.jobs.train").info("logged the model of %s", name)
+    logging.getLogger("emr_ray.cluster.jobs.train").info("logged the model of %s", name)
     return {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
 
 
@@ -156,7 +147,7 @@ def failing_step(name: str) -> None:
 def test_rank_0s_last_step_sees_the_jobs_credentials_only_during_its_call(monkeypatch):
     """The job's MLflow login reaches a warm worker with the call and leaves with it, even when the
     step fails: the worker outlives the job and serves other jobs next."""
-    from emr_ray.jobs.train_group import TrainWorker
+    from emr_ray.cluster.jobs.train_group import TrainWorker
 
     monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
@@ -180,7 +171,7 @@ def test_rank_0s_last_step_sees_the_jobs_credentials_only_during_its_call(monkey
 
 
 def warm_spec(tmp_path):
-    from emr_ray.spec import MLflowSection, TrainJobSpec
+    from emr_ray.cluster.spec import MLflowSection, TrainJobSpec
 
     return TrainJobSpec(
         train_loop="include.models.tabular:train_loop", datasets={"train": "file:///d/dt=2026-01-01"},
@@ -197,9 +188,9 @@ def test_rank_0_logs_the_best_kept_checkpoint_ends_the_run_and_if_it_dies_the_dr
     checkpoint and ends the run from the driver."""
     from pyarrow import fs as pafs
 
-    from emr_ray.jobs.train_group import Rank0Lost
-    from emr_ray.jobs.train_warm import END, FINISH, WarmTrainer
-    from emr_ray.storage import StorageOptions
+    from emr_ray.cluster.jobs.train_group import Rank0Lost
+    from emr_ray.cluster.jobs.train_warm import END, FINISH, WarmTrainer
+    from emr_ray.cluster.storage import StorageOptions
 
     for epoch, loss in enumerate([0.5, 0.3, 0.4]):
         write_checkpoint(pafs.LocalFileSystem(), f"{tmp_path}/ckpt/r", tmp_path, epoch, loss)
@@ -252,9 +243,9 @@ def test_a_warm_trainings_driver_imports_no_mlflow(tmp_path, plan):
 DRIVER_SCRIPT = """
 import json, sys
 from pyarrow import fs as pafs
-from emr_ray.jobs import train, train_group, train_warm
-from emr_ray.spec import CheckpointSpec, TrainJobSpec
-from emr_ray.storage import StorageOptions
+from emr_ray.cluster.jobs import train, train_group, train_warm
+from emr_ray.cluster.spec import CheckpointSpec, TrainJobSpec
+from emr_ray.cluster.storage import StorageOptions
 from tests.unit.jobs.test_train_group import warm_spec, write_checkpoint
 import pathlib
 

@@ -1,4 +1,4 @@
-"""A job's resource accounting (``emr_ray.jobs._usage``) without a cluster: the phase recorder, the
+"""A job's resource accounting (``emr_ray.cluster.jobs._usage``) without a cluster: the phase recorder, the
 reservation maths, the log line and the MLflow metrics. On a real cluster: ``tests/integration/test_job_usage.py``.
 """
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from emr_ray.jobs import _usage
-from emr_ray.jobs._runtime import main
-from emr_ray.jobs._usage import Held, Recorder
+from emr_ray.cluster.jobs import _usage
+from emr_ray.cluster.jobs._runtime import main
+from emr_ray.cluster.jobs._usage import Held, Recorder
 
 
 class Clock:

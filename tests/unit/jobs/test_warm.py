@@ -1,4 +1,4 @@
-"""How a job picks a warm pool (``emr_ray.jobs.warm.serve``): a free replica first; when all are busy,
+"""How a job picks a warm pool (``emr_ray.cluster.jobs.warm.serve``): a free replica first; when all are busy,
 a wait for one (as long as another would take to start), then another replica if the cluster has
 room, else wait. The cluster's side (which replicas are alive,
 whether CPUs are free) is a small stand-in here, as this is the choosing logic alone; the real pools
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from emr_ray.jobs import warm
+from emr_ray.cluster.jobs import warm
 
 KEY = "train-0123456789abcdef0123"
 

@@ -61,7 +61,7 @@ def test_the_links_have_distinct_names_and_keys():
 def test_the_plugin_registers_every_link():
     from emr_ray_plugin import EmrRayPlugin
 
-    from emr_ray import get_provider_info
+    from emr_ray.provider_info import get_provider_info
 
     assert {type(link) for link in EmrRayPlugin.operator_extra_links} == set(LINKS)
     assert set(get_provider_info()["extra-links"]) == {f"{link.__module__}.{link.__name__}" for link in LINKS}

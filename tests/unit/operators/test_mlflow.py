@@ -11,9 +11,9 @@ import pytest
 from airflow.sdk import Asset
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
+from emr_ray.cluster.promotion import Comparison, Decision
 from emr_ray.exceptions import MLflowRegistryError
 from emr_ray.operators.mlflow import Candidate, Champion, MLflowRegisterOperator, mlflow_model_asset
-from emr_ray.promotion import Comparison, Decision
 
 
 class TaskInstanceFields:

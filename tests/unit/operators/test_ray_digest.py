@@ -4,7 +4,7 @@ what the job computes from, blind to secrets and to the force flag."""
 
 from __future__ import annotations
 
-from emr_ray.reuse import FORCE_ENV, code_version, digestible_runtime_env, spec_digest
+from emr_ray.cluster.reuse import FORCE_ENV, code_version, digestible_runtime_env, spec_digest
 
 PAYLOAD = {
     "partition": "2026-11-05",
@@ -15,7 +15,7 @@ ENV = {"env_vars": {"PYTHONPATH": "/opt/project", "EMR_RAY_COS_SECRET_KEY": "s3c
 CODE = "0.1.0+abc"
 
 
-def digest(payload=PAYLOAD, env=ENV, module="emr_ray.jobs.train", code=CODE) -> str:
+def digest(payload=PAYLOAD, env=ENV, module="emr_ray.cluster.jobs.train", code=CODE) -> str:
     return spec_digest(module, payload, env, code)
 
 
@@ -33,7 +33,7 @@ def test_any_change_in_what_the_job_computes_from_changes_the_digest():
     changed = {**PAYLOAD, "config": {"epochs": 6, "lr": 0.003}}
     assert digest(payload=changed) != digest()
     assert digest(payload={**PAYLOAD, "partition": "2026-11-06"}) != digest()
-    assert digest(module="emr_ray.jobs.spark") != digest()
+    assert digest(module="emr_ray.cluster.jobs.spark") != digest()
     assert digest(code="0.1.1+abc") != digest()
     assert digest(env={"env_vars": {**ENV["env_vars"], "PYTHONPATH": "/opt/other"}}) != digest()
     assert digest(env={**ENV, "working_dir": "gcs://_ray_pkg_1234.zip"}) != digest()
@@ -57,3 +57,36 @@ def test_the_code_version_is_the_provider_version_and_a_hash_of_the_cluster_side
     version = code_version()
     assert version.startswith(f"{emr_ray.__version__}+") and len(version.split("+")[1]) == 16
     assert code_version() == version  # computed once per process
+
+
+def test_an_airflow_side_edit_leaves_the_code_version_and_so_the_digest_unchanged(tmp_path):
+    """The one boundary between the sides (``emr_ray/cluster/`` and the package's ``__init__``):
+    editing a Param's description or the provider's metadata keeps a retry reattaching to its own
+    running job; editing cluster-side code does not."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import emr_ray
+
+    copy = tmp_path / "emr_ray"
+    shutil.copytree(Path(emr_ray.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def version() -> str:
+        probe = "from emr_ray.cluster.reuse import code_version; print(code_version())"
+        env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    before = version()
+    assert before == code_version()
+    for airflow_side in ("params.py", "provider_info.py", "operators/ray.py", "hooks/ray_packages.py"):
+        with (copy / airflow_side).open("a") as module:
+            module.write("\n# an Airflow-side edit\n")
+    assert version() == before
+    with (copy / "cluster" / "spec.py").open("a") as module:
+        module.write("\n# a cluster-side edit\n")
+    assert version() != before

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from emr_ray.cluster.spec import RLlibJobSpec, SpecError
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.rllib import RLlibTrainOperator
-from emr_ray.spec import RLlibJobSpec, SpecError
 
 
 class TaskInstance:
@@ -76,7 +76,7 @@ def test_bad_arguments_fail_the_task_without_retries_before_any_cluster_work(mlf
 
 def test_the_driver_holds_a_cpu_for_the_learner_unless_told_otherwise():
     op = RLlibTrainOperator(task_id="train", env="CartPole-v1", storage_path="file:///ck")
-    assert op.entrypoint_num_cpus == 1 and op.job_module == "emr_ray.jobs.rllib"
+    assert op.entrypoint_num_cpus == 1 and op.job_module == "emr_ray.cluster.jobs.rllib"
     other = RLlibTrainOperator(
         task_id="t2", env="CartPole-v1", storage_path="file:///ck", entrypoint_num_cpus=0
     )

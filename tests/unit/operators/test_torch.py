@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from emr_ray.cluster.spec import CompareSection
 from emr_ray.operators.torch import TorchTrainOperator
-from emr_ray.spec import CompareSection
 
 
 def make(**kwargs) -> TorchTrainOperator:

@@ -3,7 +3,7 @@
 Runs on the cluster, in the job's driver and (for the epoch callback) in Ray Train's controller.
 
 Credentials: MLflow reads ``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` (or ``TOKEN``) from the
-environment at each request. The job's secret channel (:mod:`emr_ray.secrets`) puts them there: the
+environment at each request. The job's secret channel (:mod:`emr_ray.cluster.secrets`) puts them there: the
 driver takes them at start, and every other process calls :func:`ensure_credentials` before it
 builds a client (:func:`client` does). A refusal (401, 403) when the run starts ends the job as an
 input error (exit 2: a retry cannot fix a login), with a message that says what the job had.
@@ -20,12 +20,12 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from emr_ray import mlflow_auth, secrets
-from emr_ray import train as emr_train
-from emr_ray.jobs._runtime import JobInputError
-from emr_ray.spec import TrainJobSpec, import_by_path
+from emr_ray.cluster import mlflow_auth, secrets
+from emr_ray.cluster import train as emr_train
+from emr_ray.cluster.jobs._runtime import JobInputError
+from emr_ray.cluster.spec import TrainJobSpec, import_by_path
 
-log = logging.getLogger("emr_ray.jobs.train")
+log = logging.getLogger("emr_ray.cluster.jobs.train")
 
 
 def ensure_credentials() -> None:
@@ -102,7 +102,7 @@ def _start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
 def begin_run(spec: TrainJobSpec, options: Any, resume_run_id: str | None) -> str:
     """:func:`start_run`, and when resuming, :func:`backfill_checkpointed_epochs` from the run's folder
     (read with ``options``): the run's first step, as one call to a warm group's rank 0."""
-    from emr_ray import storage
+    from emr_ray.cluster import storage
 
     run_id = start_run(spec, resume_run_id)
     if resume_run_id:
@@ -133,13 +133,13 @@ def log_usage(spec: TrainJobSpec, result: dict[str, Any]) -> None:
 
 
 def log_usage_as(spec: TrainJobSpec, result: dict[str, Any], credentials: dict[str, str] | None) -> None:
-    """:func:`log_usage` with ``credentials`` (:func:`emr_ray.mlflow_auth.credentials`) passed to this
+    """:func:`log_usage` with ``credentials`` (:func:`emr_ray.cluster.mlflow_auth.credentials`) passed to this
     request only, never through ``os.environ``: on a warm group's rank 0 after the job's lease, where
     another job's loop may run meanwhile and must not see them (None: the process's own, as the
     driver has them)."""
     import mlflow
 
-    from emr_ray.jobs._usage import mlflow_metrics
+    from emr_ray.cluster.jobs._usage import mlflow_metrics
 
     run_id, usage = result.get("mlflow_run_id"), result.get("usage")
     metrics = mlflow_metrics(usage) if isinstance(usage, dict) else {}
@@ -222,7 +222,7 @@ def log_epoch_metrics(tracking_uri: str, mlflow_run_id: str, metrics: dict[str, 
 def backfill_checkpointed_epochs(fsys, run_path: str, spec: TrainJobSpec, mlflow_run_id: str) -> None:
     """Log the epochs a stopped attempt checkpointed but had no time to send to MLflow.
 
-    The metrics come from the checkpoints themselves, read through :mod:`emr_ray.train`.
+    The metrics come from the checkpoints themselves, read through :mod:`emr_ray.cluster.train`.
     """
     import mlflow
     from pyarrow import fs as pafs
@@ -246,7 +246,7 @@ def backfill_checkpointed_epochs(fsys, run_path: str, spec: TrainJobSpec, mlflow
 
 
 def _checkpoint_metrics(fsys, directory: str) -> dict[str, Any] | None:
-    """A checkpoint's metrics, copied from its (possibly remote) directory to read it with emr_ray.train."""
+    """A checkpoint's metrics, copied from its (possibly remote) directory to read it with emr_ray.cluster.train."""
     from pyarrow import fs as pafs
 
     remote = f"{directory}/{emr_train.METRICS_FILE}"

@@ -6,7 +6,7 @@ Imports no Ray unless asked to spread tasks (``spread_tasks: N``): then it runs 
 with the SPREAD strategy and reports the nodes they ran on, which shows placement across nodes.
 ``secret_probe: [NAME, ...]`` reports the sha256 of each named environment variable as the driver
 and a Ray task of the job see it (never the value): how tests follow secrets through
-:mod:`emr_ray.secrets`.
+:mod:`emr_ray.cluster.secrets`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import os
 import time
 from typing import Any
 
-from emr_ray.jobs._runtime import JobInputError, main
+from emr_ray.cluster.jobs._runtime import JobInputError, main
 
-log = logging.getLogger("emr_ray.jobs.echo")
+log = logging.getLogger("emr_ray.cluster.jobs.echo")
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def _digests(names: list[str]) -> dict[str, str | None]:
 def _probe(names: list[str]) -> dict[str, dict[str, str | None]]:
     import ray
 
-    from emr_ray import secrets
+    from emr_ray.cluster import secrets
 
     ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
 

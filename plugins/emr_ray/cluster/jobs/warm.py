@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from emr_ray.reuse import FORCE_ENV
-from emr_ray.secrets import SECRET_REF_ENV
+from emr_ray.cluster.reuse import FORCE_ENV
+from emr_ray.cluster.secrets import SECRET_REF_ENV
 
-log = logging.getLogger("emr_ray.jobs.warm")
+log = logging.getLogger("emr_ray.cluster.jobs.warm")
 
 #: the Ray namespace of each kind of warm pool, with the prefix of its actors' names
 POOLS: dict[str, str] = {"emr_ray_spark_sessions": "spark-", "emr_ray_train_groups": "train-"}

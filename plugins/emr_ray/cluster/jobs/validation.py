@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 
 _ALIASES = {"float64": "double", "float32": "float", "int": "int64", "long": "int64", "bigint": "int64",
             "integer": "int32", "str": "string", "utf8": "string"}  # fmt: skip

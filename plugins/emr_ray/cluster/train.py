@@ -8,7 +8,7 @@ the current champion and the new model on the same test rows
 (``TorchTrainOperator(compare_with_model=...)``). With ``serving_model(model, config, read_dataset)``
 (:class:`ServingModule`) it logs its own MLflow Python model (a vocabulary or an id index kept with the
 weights, raw text or raw ids in). What the loop feeds the model is declared in its config
-(:mod:`emr_ray.batches`: typed inputs, list columns). Inside the loop:
+(:mod:`emr_ray.cluster.batches`: typed inputs, list columns). Inside the loop:
 
 - :func:`worker_shard` gives this worker's rows of a named dataset (a pyarrow Table read straight
   from the committed Parquet files: equal shards for ``train``, all rows spread for the others);
@@ -18,7 +18,7 @@ weights, raw text or raw ids in). What the loop feeds the model is declared in i
 - :func:`device` and :func:`prepare_model` place the model (and wrap it for data-parallel training).
 
 The same loop runs on Ray Train's workers (``worker_group="job"``) and on a warm worker group that
-outlives the job (``worker_group="shared"``, :mod:`emr_ray.jobs.train_group`): these functions are the
+outlives the job (``worker_group="shared"``, :mod:`emr_ray.cluster.jobs.train_group`): these functions are the
 loop's whole view of where it runs, so a loop that uses only them runs in both.
 
 The checkpoint files are this module's business: user code never names them, so the job can rely on
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from emr_ray.jobs import shards
+from emr_ray.cluster.jobs import shards
 
 #: the model and optimizer state inside a checkpoint directory
 STATE_FILE = "state.pt"
@@ -114,7 +114,7 @@ class WarmCall:
     report: Callable[[dict[str, Any], str | None], None]
 
 
-#: set by :mod:`emr_ray.jobs.train_group` while a warm worker runs a loop; None under Ray Train
+#: set by :mod:`emr_ray.cluster.jobs.train_group` while a warm worker runs a loop; None under Ray Train
 _warm: WarmCall | None = None
 
 
@@ -159,8 +159,8 @@ def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
     there (file list and row counts, no secrets). The storage credentials come from the job's
     environment, which Ray passes on to the workers.
     """
-    from emr_ray import storage
-    from emr_ray.spec import StorageSection
+    from emr_ray.cluster import storage
+    from emr_ray.cluster.spec import StorageSection
 
     plan = config[shards.PLAN_KEY]
     entry = plan["datasets"][name]

@@ -1,6 +1,6 @@
 """Job: start Spark on Ray (RayDP), read one committed input partition, run a preprocessing function,
 write its outputs as a new generation of the output partition and commit it in one atomic step
-(:mod:`emr_ray.partitions`). Spark is always stopped; an uncommitted generation is removed.
+(:mod:`emr_ray.cluster.partitions`). Spark is always stopped; an uncommitted generation is removed.
 
 The preprocessing function (``spec.preprocess``, an import path) takes the input DataFrame and
 the step's config and returns a DataFrame or a dict of named DataFrames (e.g. train and test).
@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray import partitions, storage
-from emr_ray.jobs import _usage
-from emr_ray.jobs._runtime import JobInputError, main
-from emr_ray.jobs.validation import schema_problems, value_problems
-from emr_ray.spec import SparkJobSpec, SparkSettings, import_by_path
+from emr_ray.cluster import partitions, storage
+from emr_ray.cluster.jobs import _usage
+from emr_ray.cluster.jobs._runtime import JobInputError, main
+from emr_ray.cluster.jobs.validation import schema_problems, value_problems
+from emr_ray.cluster.spec import SparkJobSpec, SparkSettings, import_by_path
 
-log = logging.getLogger("emr_ray.jobs.spark")
+log = logging.getLogger("emr_ray.cluster.jobs.spark")
 
 # JDK 17 closes these packages; Spark's executors (and Arrow) need them open (see RayDP's docs).
 _ADD_OPENS = [
@@ -75,7 +75,7 @@ def read_partition(spark, uri: str, files: list[str], options: storage.StorageOp
     task per file, Arrow batches straight into Spark (``mapInArrow``). No Ray task is involved, so
     the job needs no CPU beyond what its executors hold: two jobs whose executors fill the cluster
     both run (Ray tasks, which ask for a CPU, waited forever there). ``file://`` and ``hdfs://`` go
-    through Spark's own Hadoop client (see :func:`emr_ray.storage.spark_hadoop_configs`).
+    through Spark's own Hadoop client (see :func:`emr_ray.cluster.storage.spark_hadoop_configs`).
     """
     scheme, _ = storage.split_uri(uri)
     if scheme != "cos":
@@ -167,7 +167,7 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
     configs, env = session_settings(spec, options)
     if spec.spark.session == "shared":
         return _run_shared(spec, configs, env, options, files)
-    from emr_ray.jobs import warm
+    from emr_ray.cluster.jobs import warm
 
     warm.release_idle(_cpus(spec))  # idle warm pools give way to this job's executors
     os.environ.update(env)  # read by the JVM raydp starts next
@@ -226,7 +226,7 @@ def _run_shared(
 ) -> dict[str, Any]:  # fmt: skip
     import ray
 
-    from emr_ray.jobs import spark_session
+    from emr_ray.cluster.jobs import spark_session
 
     settings = {
         "num_executors": spec.spark.num_executors,

@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from emr_ray import storage
+from emr_ray.cluster import storage
 
 log = logging.getLogger(__name__)
 

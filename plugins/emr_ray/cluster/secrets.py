@@ -38,7 +38,7 @@ STAGED_PREFIX = "_emr_ray_secrets_"
 COPY_TTL_SECONDS = 300
 RENEW_SECONDS = 60
 
-log = logging.getLogger("emr_ray.secrets")
+log = logging.getLogger("emr_ray.cluster.secrets")
 _taken: dict[str, str] = {}
 #: the job-scoped copies this process keeps (deleted when it ends: at exit, or by :func:`forget_all`)
 _copies: list[str] = []
@@ -147,7 +147,7 @@ def _renew(key: str) -> None:
 
 def forget_all() -> None:
     """Delete this driver's job-scoped copies now: what the exit handler does, for a job that ends its
-    process without the interpreter's exit handlers (``emr_ray.jobs._runtime``'s fast exit)."""
+    process without the interpreter's exit handlers (``emr_ray.cluster.jobs._runtime``'s fast exit)."""
     while _copies:
         _forget(_copies.pop())
 

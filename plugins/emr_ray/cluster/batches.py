@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from emr_ray.spec import SpecError
+from emr_ray.cluster.spec import SpecError
 
 DTYPES = ("float32", "int64")
 

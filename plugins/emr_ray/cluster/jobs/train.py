@@ -1,7 +1,7 @@
 """Job: distributed PyTorch training with Ray Train's TorchTrainer (or, with ``worker_group="shared"``,
-on a warm worker group that outlives the job: :mod:`emr_ray.jobs.train_warm`), tracked in MLflow.
+on a warm worker group that outlives the job: :mod:`emr_ray.cluster.jobs.train_warm`), tracked in MLflow.
 
-Workers read their own shards of the committed Parquet partitions (``emr_ray.train.worker_shard``);
+Workers read their own shards of the committed Parquet partitions (``emr_ray.cluster.train.worker_shard``);
 the job only plans them from the Parquet footers, so no data passes through the job or Ray's object
 store. The steps of :func:`run`: plan the shards, read the resume state, build the trainer, fit and
 log, return the result.
@@ -24,15 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from emr_ray import partitions, storage
-from emr_ray.jobs import _usage, shards, train_finish, train_group, warm
-from emr_ray.jobs import compare as comparing
-from emr_ray.jobs import train_mlflow as tracking
-from emr_ray.jobs._runtime import JobInputError, main
-from emr_ray.reuse import FORCE_ENV
-from emr_ray.spec import TrainJobSpec, import_by_path
+from emr_ray.cluster import partitions, storage
+from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group, warm
+from emr_ray.cluster.jobs import compare as comparing
+from emr_ray.cluster.jobs import train_mlflow as tracking
+from emr_ray.cluster.jobs._runtime import JobInputError, main
+from emr_ray.cluster.reuse import FORCE_ENV
+from emr_ray.cluster.spec import TrainJobSpec, import_by_path
 
-log = logging.getLogger("emr_ray.jobs.train")
+log = logging.getLogger("emr_ray.cluster.jobs.train")
 STATE_FILE = "_emr_ray_state.json"
 
 
@@ -190,7 +190,7 @@ def fit_and_log(
     """Fit, then log the best checkpoint's model, the loss curve and the final metrics; end the run.
 
     A warm group starts the run, logs the model, compares with the champion and ends the run on its
-    rank 0 within the fit (:mod:`emr_ray.jobs.train_warm`; ``mlflow_run_id`` None: the trainer's);
+    rank 0 within the fit (:mod:`emr_ray.cluster.jobs.train_warm`; ``mlflow_run_id`` None: the trainer's);
     after Ray Train's fit, this driver does. A failed fit marks the run FAILED.
     """
     try:
@@ -287,7 +287,7 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
 
     mlflow_run_id: str | None = None
     if spec.worker_group == "shared":  # a warm group that outlives this job (jobs/train_group.py)
-        from emr_ray.jobs.train_warm import WarmTrainer
+        from emr_ray.cluster.jobs.train_warm import WarmTrainer
 
         # its rank 0 starts the run within the lease: this driver imports no MLflow (jobs/train_warm.py)
         trainer = WarmTrainer(spec, plan, options, ray.get_runtime_context().runtime_env,
@@ -318,7 +318,7 @@ _usage_logger: Callable[[TrainJobSpec, dict[str, Any]], None] = tracking.log_usa
 
 
 def record_usage(spec: TrainJobSpec, result: dict[str, Any]) -> None:
-    """The job's ``after`` (:func:`emr_ray.jobs._runtime.main`): its usage on its MLflow run."""
+    """The job's ``after`` (:func:`emr_ray.cluster.jobs._runtime.main`): its usage on its MLflow run."""
     _usage_logger(spec, result)
 
 

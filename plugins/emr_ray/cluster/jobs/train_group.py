@@ -1,19 +1,19 @@
-"""A training worker group that outlives one job: the warm path of ``emr_ray.jobs.train`` (cluster side).
+"""A training worker group that outlives one job: the warm path of ``emr_ray.cluster.jobs.train`` (cluster side).
 
 Ray Train builds a worker group for every ``fit()``: a controller actor, the workers, torch imported
 in each, the process group, then tears it all down; 10-15 s per training here whatever the data's
 size (``bench/results/SUMMARY.md``). With ``worker_group="shared"`` the training job hands its fit to
 a warm group instead: a detached coordinator actor (:class:`WarmTrainGroup`) that owns one
 :class:`TrainWorker` actor per rank, torch imported and the process group joined once, and runs
-each job's loop on them. The loop is the same code (it sees the group through :mod:`emr_ray.train`).
+each job's loop on them. The loop is the same code (it sees the group through :mod:`emr_ray.cluster.train`).
 
-**Lifecycle** (shared with the Spark sessions: :mod:`emr_ray.jobs.warm`)
+**Lifecycle** (shared with the Spark sessions: :mod:`emr_ray.cluster.jobs.warm`)
 
 - *One per configuration*: the name hashes the scaling (workers, GPUs, resources, placement) and the
   job's runtime_env less per-job variables (shipped code, packages, Python). Other code, another group.
 - *One job at a time per group*: a job takes a group's lease; another job with the same
   configuration takes a free replica, or waits for a busy one at most its start-up time, then starts
-  one if the cluster has room, or waits (:func:`emr_ray.jobs.warm.serve`). The lease holder's job
+  one if the cluster has room, or waits (:func:`emr_ray.cluster.jobs.warm.serve`). The lease holder's job
   beats every poll; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job was killed) retires the
   group, so an abandoned loop never runs on; until then no other job trains the same run
   (:func:`wait_for_abandoned_calls`): one writer per run.
@@ -24,7 +24,7 @@ each job's loop on them. The loop is the same code (it sees the group through :m
   idle). If rank 0 dies in the job's last step, after the loop, the job's driver does that step.
 - *Credentials per call*: the workers read with the job's storage options, passed with the call;
   the group's environment has no job's secret reference.
-- *Checkpoints* go to the run's folder (:mod:`emr_ray.jobs.train_checkpoints`), so a retry of the
+- *Checkpoints* go to the run's folder (:mod:`emr_ray.cluster.jobs.train_checkpoints`), so a retry of the
   Airflow task resumes from them in whichever group serves it.
 """
 
@@ -39,9 +39,10 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from emr_ray.jobs import warm
+from emr_ray.cluster.jobs import warm
+from emr_ray.cluster.spec import worker_resources
 
-log = logging.getLogger("emr_ray.jobs.train_group")
+log = logging.getLogger("emr_ray.cluster.jobs.train_group")
 
 NAMESPACE = "emr_ray_train_groups"
 NAME_PREFIX = warm.POOLS[NAMESPACE]
@@ -68,12 +69,9 @@ def group_key(scaling: Mapping[str, Any], runtime_env: Mapping[str, Any]) -> str
 
 
 def bundle(scaling: Mapping[str, Any]) -> dict[str, float]:
-    """One worker's resources: 1 CPU (and 1 GPU with ``use_gpu``) unless ``resources_per_worker`` says."""
-    resources = {k: float(v) for k, v in dict(scaling.get("resources_per_worker") or {}).items()}
-    resources.setdefault("CPU", 1.0)
-    if scaling.get("use_gpu"):
-        resources.setdefault("GPU", 1.0)
-    return resources
+    """One worker's placement bundle: :func:`emr_ray.cluster.spec.worker_resources`, the rule Ray
+    Train and the cluster check use (with ``use_gpu``, 1 GPU and no CPU unless asked)."""
+    return worker_resources(scaling.get("resources_per_worker"), bool(scaling.get("use_gpu")))
 
 
 class TrainWorker:
@@ -112,10 +110,10 @@ class TrainWorker:
         """Run the loop once with this call's storage options; rank 0 stores each epoch's checkpoint."""
         import tempfile
 
-        from emr_ray import storage
-        from emr_ray import train as emr_train
-        from emr_ray.jobs import train_checkpoints
-        from emr_ray.spec import import_by_path
+        from emr_ray.cluster import storage
+        from emr_ray.cluster import train as emr_train
+        from emr_ray.cluster.jobs import train_checkpoints
+        from emr_ray.cluster.spec import import_by_path
 
         self.call, self.reports = call, []
         fsys, run_path = storage.resolve(run_uri, options)
@@ -147,8 +145,8 @@ class TrainWorker:
         The job's last step runs here rather than in its fresh driver (``jobs/train_finish.py``): this
         process outlives the job, so what a first model log imports and checks, it does once.
         """
-        from emr_ray.mlflow_auth import scoped_environ
-        from emr_ray.spec import import_by_path
+        from emr_ray.cluster.mlflow_auth import scoped_environ
+        from emr_ray.cluster.spec import import_by_path
 
         if call != self.call:
             raise RuntimeError(f"after_fit for call {call}, but this worker last ran call {self.call}")
@@ -169,8 +167,8 @@ class TrainWorker:
         code running here meanwhile); after its lease, a job passes its login inside ``kwargs`` to a
         function that hands it to the request alone (``train_mlflow.log_usage_as``).
         """
-        from emr_ray.mlflow_auth import scoped_environ
-        from emr_ray.spec import import_by_path
+        from emr_ray.cluster.mlflow_auth import scoped_environ
+        from emr_ray.cluster.spec import import_by_path
 
         with self._login, scoped_environ(env):
             return import_by_path(fn)(**kwargs)
@@ -212,7 +210,7 @@ class WarmTrainGroup:
         worker_class = ray.remote(max_restarts=0, concurrency_groups={"control": 1})(TrainWorker)  # type: ignore[call-overload]
         self.workers = [
             worker_class.options(
-                num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0), resources=extra or None,
+                num_cpus=resources.get("CPU", 0.0), num_gpus=resources.get("GPU", 0), resources=extra or None,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
             ).remote(rank, workers, bool(scaling.get("use_gpu")))
             for rank in range(workers)
@@ -220,7 +218,7 @@ class WarmTrainGroup:
         master, port = ray.get(self.workers[0].address.remote())
         ray.get([worker.join.remote(master, port) for worker in self.workers])
         self.start_seconds = round(time.monotonic() - started, 2)
-        self.cpus = resources["CPU"] * workers
+        self.cpus = resources.get("CPU", 0.0) * workers
         self.gpus = resources.get("GPU", 0.0) * workers
         self.calls = 0
         self.lease: str | None = None
@@ -471,7 +469,7 @@ def _lease(
             return None
         return lease | {"group": group, "name": name}
 
-    cpus = bundle(scaling)["CPU"] * int(scaling["num_workers"])
+    cpus = bundle(scaling).get("CPU", 0.0) * int(scaling["num_workers"])
     return warm.serve(NAMESPACE, key, cpus, attempt, what="warm worker group")
 
 

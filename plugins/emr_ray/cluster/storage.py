@@ -10,7 +10,7 @@ Hadoop's jars on the classpath, which Ray workers do not have. Spark keeps its o
 
 Layout: ``<root>/<dataset>/dt=YYYY-MM-DD/``. Raw input partitions from outside are committed by a
 ``_SUCCESS`` marker written last (:func:`is_committed`); partitions this provider writes are
-committed as generations (:mod:`emr_ray.partitions`).
+committed as generations (:mod:`emr_ray.cluster.partitions`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from urllib.parse import urlparse
 
 SUPPORTED_SCHEMES = ("file", "cos", "hdfs")
 SUCCESS_MARKER = "_SUCCESS"
-MANIFEST = "_manifest.json"  # of the previous partition layout (read by emr_ray.partitions as "legacy")
+MANIFEST = (
+    "_manifest.json"  # of the previous partition layout (read by emr_ray.cluster.partitions as "legacy")
+)
 _PARTITION_SEGMENT = re.compile(r"(?:^|/)dt=([^/]*)")
 _PATTERN_CHARS = frozenset("*?[]{}()|+^$\\")
 _PARTITION_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # ASCII digits, matched whole

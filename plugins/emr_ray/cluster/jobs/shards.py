@@ -7,7 +7,7 @@ in ``bench/data_path.py``: 5.2M rows/s into tensors this way, against 62k rows/s
 
 The job plans the shards once (file list and row counts from the Parquet footers, no data read)
 and hands the plan to the workers in their config; a worker reads its range on start through the
-public :func:`emr_ray.train.worker_shard`. Training
+public :func:`emr_ray.cluster.train.worker_shard`. Training
 shards are equal in size (at most ``world_size - 1`` rows are dropped), so every DDP worker runs
 the same number of steps; evaluation shards split all rows. A worker holds its shard in memory:
 ``rows / workers x columns x 4`` bytes; add workers (or nodes) for partitions larger than that.
@@ -101,7 +101,7 @@ def read_dataset_entry(entry: dict[str, Any], fsys: Any):
 def dataset_reader(plan: dict[str, Any], options: Any):
     """``read_dataset(name)`` over a job's plan, for a training module's ``serving_model``: the whole
     dataset ``name`` (a vocabulary, an id index) of exactly the generation this training read."""
-    from emr_ray import storage
+    from emr_ray.cluster import storage
 
     def read_dataset(name: str):
         entry = plan["datasets"].get(name)

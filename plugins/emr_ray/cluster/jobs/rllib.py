@@ -7,7 +7,7 @@ on the cluster. After every ``checkpoint_every`` iterations the whole algorithm 
 (``file://``, ``cos://``, ``hdfs://``), and the run's state file names that checkpoint: a retry of
 an unfinished run restores it and continues from its iteration, into the same MLflow run; a rerun
 of a finished run with the same spec returns the stored result; another spec starts clean
-(the same rules as :mod:`emr_ray.jobs.train`, whose :class:`RunState` this job shares).
+(the same rules as :mod:`emr_ray.cluster.jobs.train`, whose :class:`RunState` this job shares).
 
 Each iteration's metrics reach MLflow exactly once, with the iteration as step: they are logged
 only after the checkpoint that covers them is saved (an iteration a stopped attempt did not
@@ -32,14 +32,14 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
-from emr_ray import storage
-from emr_ray.jobs import train_mlflow as tracking
-from emr_ray.jobs._runtime import JobInputError, main
-from emr_ray.jobs.train import RunState
-from emr_ray.reuse import FORCE_ENV
-from emr_ray.spec import RLlibJobSpec
+from emr_ray.cluster import storage
+from emr_ray.cluster.jobs import train_mlflow as tracking
+from emr_ray.cluster.jobs._runtime import JobInputError, main
+from emr_ray.cluster.jobs.train import RunState
+from emr_ray.cluster.reuse import FORCE_ENV
+from emr_ray.cluster.spec import RLlibJobSpec
 
-log = logging.getLogger("emr_ray.jobs.rllib")
+log = logging.getLogger("emr_ray.cluster.jobs.rllib")
 CHECKPOINT_PREFIX = "checkpoint_"
 MODEL_NAME = "model"
 #: the env runners' metrics logged each iteration (episode_return_mean: the register gate's metric)

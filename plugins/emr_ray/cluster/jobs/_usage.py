@@ -1,4 +1,4 @@
-"""What a Ray job used, added as ``usage`` to every job's result by :func:`emr_ray.jobs._runtime.main`.
+"""What a Ray job used, added as ``usage`` to every job's result by :func:`emr_ray.cluster.jobs._runtime.main`.
 
 - ``wall_seconds``: the job's driver process, from its start to its result (``started_at`` and
   ``ended_at`` are the same two moments as epoch seconds, to line up with the Jobs API's times).

@@ -17,27 +17,40 @@ from pathlib import Path
 from typing import Any
 
 import emr_ray
-from emr_ray.spec import COS_SECRET_ENV
+from emr_ray.cluster.spec import COS_SECRET_ENV
 
 #: set (to 1) in a job's environment when the user forces recomputation
 FORCE_ENV = "EMR_RAY_FORCE"
 #: the job metadata key that holds the digest
 DIGEST_KEY = "emr_ray_spec_digest"
-_AIRFLOW_SIDE = frozenset({"hooks", "operators", "sensors", "triggers", "links"})
+#: what never counts as code (the same patterns the package upload leaves out)
+_NOT_CODE = ("__pycache__", ".pyc", ".pyo")
 _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|CREDENTIAL|PRIVATE|(^|_)KEY$|ACCESS_KEY", re.IGNORECASE)
+
+
+def cluster_side_files() -> list[tuple[str, Path]]:
+    """The provider's cluster side, the one boundary between the sides: ``emr_ray/__init__.py`` and
+    every file under ``emr_ray/cluster/``, as (name inside the package, path), sorted by name.
+
+    The package upload ships exactly these (:func:`emr_ray.hooks.ray_packages.provider_package`)
+    and :func:`code_version` hashes exactly these, so an Airflow-side edit (a Param's description,
+    an operator's log line) neither ships nor changes a job's digest.
+    """
+    package = Path(emr_ray.__file__).parent
+    files = [package / "__init__.py", *(path for path in (package / "cluster").rglob("*") if path.is_file())]
+    return sorted(
+        (path.relative_to(package).as_posix(), path)
+        for path in files
+        if not any(part == _NOT_CODE[0] for part in path.parts) and path.suffix not in _NOT_CODE[1:]
+    )
 
 
 @lru_cache(maxsize=1)
 def code_version() -> str:
-    """The provider version plus a hash of the package's cluster-side code (everything but the
-    Airflow-side ``hooks``, ``operators``, ``sensors``, ``triggers`` and ``links``)."""
-    root = Path(emr_ray.__file__).parent
+    """The provider version plus a hash of the package's cluster side (:func:`cluster_side_files`)."""
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        relative = path.relative_to(root)
-        if relative.parts[0] in _AIRFLOW_SIDE:
-            continue
-        digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, path in cluster_side_files():
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return f"{emr_ray.__version__}+{digest.hexdigest()[:16]}"
 
 

@@ -16,12 +16,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray import secrets, storage
-from emr_ray.jobs import _usage
-from emr_ray.jobs._code import code_origin, explain_import_error
-from emr_ray.spec import ERROR_MARKER, RESULT_MARKER, SpecPart, decode_spec
+from emr_ray.cluster import secrets, storage
+from emr_ray.cluster.jobs import _usage
+from emr_ray.cluster.jobs._code import code_origin, explain_import_error
+from emr_ray.cluster.spec import ERROR_MARKER, RESULT_MARKER, SpecPart, decode_spec
 
-log = logging.getLogger("emr_ray.jobs")
+log = logging.getLogger("emr_ray.cluster.jobs")
 
 
 class JobInputError(Exception):
@@ -43,7 +43,7 @@ def main(
 ) -> None:
     """Decode the spec (into ``spec_type`` when given), run, print the marked result; exit 2 on bad input.
 
-    A dict result also gets ``usage``: what the job used (:mod:`emr_ray.jobs._usage`). ``after(spec,
+    A dict result also gets ``usage``: what the job used (:mod:`emr_ray.cluster.jobs._usage`). ``after(spec,
     result)`` then records the finished result where the job's results go (never fails the job).
     ``fast_exit`` (a job's own process): once the result is printed, end the process at once, without
     the interpreter's teardown of Ray, torch and MLflow (1-1.5 s of every job here).
@@ -67,7 +67,7 @@ def main(
         secrets.take()  # before anything reads a secret from the environment
         spec = spec_type.from_dict(payload) if spec_type else payload
         result = run(spec)
-    except INPUT_ERRORS as e:  # a missing package: named, with the fix (emr_ray.jobs._code)
+    except INPUT_ERRORS as e:  # a missing package: named, with the fix (emr_ray.cluster.jobs._code)
         _fail(explain_import_error(e), code=INPUT_ERROR_EXIT_CODE)
     except Exception as e:
         traceback.print_exc(file=sys.stdout)

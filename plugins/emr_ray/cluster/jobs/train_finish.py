@@ -1,9 +1,9 @@
 """The training's last step after fit: log the best checkpoint's model and the loss curve to the MLflow
-run, and score the champion against the new model (:mod:`emr_ray.jobs.compare`).
+run, and score the champion against the new model (:mod:`emr_ray.cluster.jobs.compare`).
 
 It runs where it costs least. After Ray Train's ``fit()`` (``worker_group="job"``) that is the job's
 driver. With a warm worker group it is the group's rank 0, still within the job's lease
-(:meth:`emr_ray.jobs.train_group.TrainWorker.after_fit`): a process's first torch model log imports
+(:meth:`emr_ray.cluster.jobs.train_group.TrainWorker.after_fit`): a process's first torch model log imports
 ``torch._dynamo`` for ``torch.export`` and checks the pinned requirements against every installed
 distribution, 2-3 s that a job's fresh driver pays every time and a warm rank 0 pays once
 (``bench/results/SUMMARY.md``). The MLflow credentials reach rank 0 with the call and are removed
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from emr_ray import batches, storage
-from emr_ray.jobs import compare as comparing
-from emr_ray.jobs import shards
-from emr_ray.jobs import train_mlflow as tracking
-from emr_ray.jobs.train_checkpoints import StoredCheckpoint
-from emr_ray.spec import TrainJobSpec
+from emr_ray.cluster import batches, storage
+from emr_ray.cluster.jobs import compare as comparing
+from emr_ray.cluster.jobs import shards
+from emr_ray.cluster.jobs import train_mlflow as tracking
+from emr_ray.cluster.jobs.train_checkpoints import StoredCheckpoint
+from emr_ray.cluster.spec import TrainJobSpec
 
 
 def log_and_compare(

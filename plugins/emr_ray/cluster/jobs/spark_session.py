@@ -1,10 +1,10 @@
-"""A Spark-on-Ray session that outlives one job: the warm path of ``emr_ray.jobs.spark`` (cluster side).
+"""A Spark-on-Ray session that outlives one job: the warm path of ``emr_ray.cluster.jobs.spark`` (cluster side).
 
 Starting Spark on Ray costs a job about 18 s before its first row (``raydp.init_spark`` 9-10 s, the
 first action's executor Python workers 8 s; ``bench/results/SUMMARY.md``), whatever the partition's
 size. With ``session="shared"`` the preprocessing job hands its partition to a warm session instead:
 a detached actor that holds one RayDP session and runs each job's read -> preprocess -> write ->
-commit in it (:func:`emr_ray.jobs.spark.preprocess_partition`, the same code as a job's own session).
+commit in it (:func:`emr_ray.cluster.jobs.spark.preprocess_partition`, the same code as a job's own session).
 
 **Lifecycle.**
 
@@ -14,12 +14,12 @@ commit in it (:func:`emr_ray.jobs.spark.preprocess_partition`, the same code as 
   configuration share its sessions; a job with another configuration (other code, other executors)
   gets its own: never a mix. A session serves one job at a time: a job that finds every replica busy
   waits for one at most as long as it took to start, then starts another if the cluster has room,
-  and waits for one otherwise (:func:`emr_ray.jobs.warm.serve`).
+  and waits for one otherwise (:func:`emr_ray.cluster.jobs.warm.serve`).
 - *Idle timeout.* A session that ran nothing for ``idle_timeout_s`` stops Spark and exits, freeing its
   executors.
 - *Gives way to work that needs the cluster.* A job that cannot be placed because idle sessions hold
   the CPUs (a training job on a small cluster) releases idle sessions first
-  (:func:`emr_ray.jobs.warm.release_idle`).
+  (:func:`emr_ray.cluster.jobs.warm.release_idle`).
 - *Restart on failure.* A call that fails for any reason but bad input retires its session after the
   call (a broken Spark context is never reused); a session that died (its actor or JVM killed) is
   replaced by a fresh one and the partition is preprocessed there, once.
@@ -39,10 +39,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from emr_ray.jobs import warm
-from emr_ray.jobs.warm import CallLog
+from emr_ray.cluster.jobs import warm
+from emr_ray.cluster.jobs.warm import CallLog
 
-log = logging.getLogger("emr_ray.jobs.spark_session")
+log = logging.getLogger("emr_ray.cluster.jobs.spark_session")
 
 #: the Ray namespace of the shared Spark sessions (one detached actor per configuration)
 NAMESPACE = "emr_ray_spark_sessions"
@@ -98,10 +98,10 @@ class WarmSpark:
         """Preprocess one partition in this session; the job's result plus the session's own figures.
         A busy session is waited for up to ``wait_s``, at most its own start-up time (what another
         session would cost)."""
-        from emr_ray.jobs import _usage
-        from emr_ray.jobs._runtime import INPUT_ERRORS
-        from emr_ray.jobs.spark import preprocess_partition
-        from emr_ray.spec import SparkJobSpec
+        from emr_ray.cluster.jobs import _usage
+        from emr_ray.cluster.jobs._runtime import INPUT_ERRORS
+        from emr_ray.cluster.jobs.spark import preprocess_partition
+        from emr_ray.cluster.spec import SparkJobSpec
 
         with self._cond:
             warm.wait_while(
@@ -220,7 +220,7 @@ def run_shared(
     import ray
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-    from emr_ray.jobs._runtime import INPUT_ERRORS
+    from emr_ray.cluster.jobs._runtime import INPUT_ERRORS
 
     runtime_env = session_runtime_env(job_runtime_env)
     key = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env)

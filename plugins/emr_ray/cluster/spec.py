@@ -6,7 +6,7 @@ job's entrypoint; the cluster-side job decodes it back into the same classes and
 The job prints its result (and, on failure, its error) as one marked line in the job log, which the
 operator reads back through the Jobs API: that works on any cluster, with no shared filesystem.
 Secrets never go into a spec: they reach the job's processes as environment variables
-(``COS_SECRET_ENV``) through :mod:`emr_ray.secrets`, never through its runtime_env.
+(``COS_SECRET_ENV``) through :mod:`emr_ray.cluster.secrets`, never through its runtime_env.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import importlib
 import json
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from emr_ray import secrets, storage
+from emr_ray.cluster import secrets, storage
 
 RESULT_MARKER = "EMR_RAY_RESULT "
 ERROR_MARKER = "EMR_RAY_ERROR "
@@ -112,7 +113,7 @@ class SparkSettings(SpecPart):
     configs: dict[str, str] = field(default_factory=dict)
     placement_group_strategy: str | None = None
     #: ``job``: the job starts and stops its own session; ``shared``: a warm session that outlives the
-    #: job serves it (:mod:`emr_ray.jobs.spark_session`), stopped after ``idle_timeout_s`` unused
+    #: job serves it (:mod:`emr_ray.cluster.jobs.spark_session`), stopped after ``idle_timeout_s`` unused
     session: str = "job"
     idle_timeout_s: int = 600
 
@@ -138,7 +139,7 @@ class SparkSettings(SpecPart):
 
 @dataclass(frozen=True)
 class SparkJobSpec(SpecPart):
-    """``emr_ray.jobs.spark``: preprocess one committed input partition into one output partition."""
+    """``emr_ray.cluster.jobs.spark``: preprocess one committed input partition into one output partition."""
 
     partition: str
     preprocess: str
@@ -157,6 +158,23 @@ class SparkJobSpec(SpecPart):
         _check_import_path("preprocess", self.preprocess)
         for uri in (self.input_uri, self.output_uri):
             storage.split_uri(uri)
+
+
+def worker_resources(resources_per_worker: Mapping[str, float] | None, use_gpu: bool) -> dict[str, float]:
+    """One training worker's resources, by Ray Train's own rule (its ``ScalingConfig``): the given
+    ``resources_per_worker`` without zero entries, else 1 CPU, or with ``use_gpu`` 1 GPU and no CPU;
+    ``use_gpu`` adds 1 GPU to given resources that name none.
+
+    The one rule for the job's trainer, the warm worker group's placement bundle and the cluster
+    check (:class:`emr_ray.run_request.RunRequest`), so that all three reserve the same.
+    """
+    if resources_per_worker is None:
+        asks = {"GPU": 1.0} if use_gpu else {"CPU": 1.0}
+    else:
+        asks = {str(k): float(v) for k, v in resources_per_worker.items() if float(v) != 0}
+    if use_gpu:
+        asks.setdefault("GPU", 1.0)
+    return asks
 
 
 @dataclass(frozen=True)
@@ -184,10 +202,14 @@ class ScalingSpec(SpecPart):
             "resources_per_worker asks for GPUs but use_gpu=False: set use_gpu=True.",
         )
 
+    def per_worker(self) -> dict[str, float]:
+        """One worker's resources: :func:`worker_resources` of this scaling."""
+        return worker_resources(self.resources_per_worker, self.use_gpu)
+
     @property
     def cpus(self) -> float:
-        """The CPUs the worker group holds (Ray Train gives a worker 1 CPU unless told otherwise)."""
-        return self.num_workers * float((self.resources_per_worker or {}).get("CPU", 1))
+        """The CPUs the worker group holds (none per worker with ``use_gpu`` and no CPU asked)."""
+        return self.num_workers * self.per_worker().get("CPU", 0.0)
 
 
 @dataclass(frozen=True)
@@ -251,7 +273,7 @@ class CompareSection(SpecPart):
 
 @dataclass(frozen=True)
 class TrainJobSpec(SpecPart):
-    """``emr_ray.jobs.train``: a Ray Train ``TorchTrainer`` fit over committed Parquet datasets."""
+    """``emr_ray.cluster.jobs.train``: a Ray Train ``TorchTrainer`` fit over committed Parquet datasets."""
 
     train_loop: str
     datasets: dict[str, str]
@@ -266,7 +288,7 @@ class TrainJobSpec(SpecPart):
     storage: StorageSection = field(default_factory=StorageSection)
     compare: CompareSection | None = None
     #: ``job``: Ray Train builds a worker group for this fit; ``shared``: a warm group that outlives the
-    #: job runs the loop (:mod:`emr_ray.jobs.train_group`), stopped after ``worker_group_idle_timeout_s``
+    #: job runs the loop (:mod:`emr_ray.cluster.jobs.train_group`), stopped after ``worker_group_idle_timeout_s``
     worker_group: str = "job"
     worker_group_idle_timeout_s: int = 600
 
@@ -288,7 +310,7 @@ class TrainJobSpec(SpecPart):
         for uri in (*self.datasets.values(), self.storage_path):
             storage.split_uri(uri)
         storage.validate_partitions_in(*self.datasets.values())
-        from emr_ray import batches  # the contract module imports this one
+        from emr_ray.cluster import batches  # the contract module imports this one
 
         if batches.declares_batches(self.config):
             batches.batch_spec(self.config)  # the model's inputs, checked before anything is submitted
@@ -318,7 +340,7 @@ RLLIB_ALGORITHMS = ("APPO", "DQN", "IMPALA", "PPO", "SAC")
 
 @dataclass(frozen=True)
 class RLlibJobSpec(SpecPart):
-    """``emr_ray.jobs.rllib``: an RLlib algorithm trained iteration by iteration on a Gymnasium
+    """``emr_ray.cluster.jobs.rllib``: an RLlib algorithm trained iteration by iteration on a Gymnasium
     environment, checkpointed under ``<storage_path>/<run_name>`` so that a retry resumes."""
 
     run_name: str

@@ -1,13 +1,13 @@
 """The training job's warm path: fit on a warm worker group, with ``TorchTrainer``'s ``fit()`` shape.
 
 :class:`WarmTrainer` stands where ``jobs.train.build_trainer``'s ``TorchTrainer`` stands: its
-``fit()`` runs the loop on the shared group for the job's scaling (:mod:`emr_ray.jobs.train_group`)
+``fit()`` runs the loop on the shared group for the job's scaling (:mod:`emr_ray.cluster.jobs.train_group`)
 and returns what ``fit_and_log`` reads from a Ray Train result (metrics, the latest and best
 checkpoints). What Ray Train does around a fit, it does here: each epoch's report is printed and
 logged to MLflow as it arrives, the checkpoints are kept by the spec's score, and a failed group is
 replaced by a fresh one that resumes from the latest checkpoint, up to ``max_failures`` times.
 After the loop, still within the lease, rank 0 logs the best checkpoint's model and compares it with
-the champion (:mod:`emr_ray.jobs.train_finish`): its process outlives the job, so what a first model
+the champion (:mod:`emr_ray.cluster.jobs.train_finish`): its process outlives the job, so what a first model
 log costs (2-3 s) it pays once, not once per job.
 
 The job's driver imports no MLflow (what it would cost, 2-3 s a job: the import and opening the
@@ -25,19 +25,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from emr_ray import mlflow_auth, storage
-from emr_ray.jobs import _usage, shards, train_group
-from emr_ray.jobs import train_mlflow as tracking
-from emr_ray.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
-from emr_ray.spec import TrainJobSpec
+from emr_ray.cluster import mlflow_auth, storage
+from emr_ray.cluster.jobs import _usage, shards, train_group
+from emr_ray.cluster.jobs import train_mlflow as tracking
+from emr_ray.cluster.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
+from emr_ray.cluster.spec import TrainJobSpec
 
-log = logging.getLogger("emr_ray.jobs.train")
+log = logging.getLogger("emr_ray.cluster.jobs.train")
 #: the run's MLflow steps on rank 0: start (before the loop), each epoch, the model, the end, the usage
-BEGIN = "emr_ray.jobs.train_mlflow:begin_run"
-EPOCH = "emr_ray.jobs.train_mlflow:log_epoch_metrics"
-FINISH = "emr_ray.jobs.train_finish:log_and_compare_stored"
-END = "emr_ray.jobs.train_mlflow:end_run"
-USAGE = "emr_ray.jobs.train_mlflow:log_usage_as"
+BEGIN = "emr_ray.cluster.jobs.train_mlflow:begin_run"
+EPOCH = "emr_ray.cluster.jobs.train_mlflow:log_epoch_metrics"
+FINISH = "emr_ray.cluster.jobs.train_finish:log_and_compare_stored"
+END = "emr_ray.cluster.jobs.train_mlflow:end_run"
+USAGE = "emr_ray.cluster.jobs.train_mlflow:log_usage_as"
 #: the longest a job's end waits for its usage to be logged (then the result stands without it)
 USAGE_TIMEOUT_S = 60.0
 

@@ -1,7 +1,7 @@
 """A training run's checkpoints in its storage folder, for the warm worker group (cluster side).
 
-Ray Train keeps a run's checkpoints itself; a warm worker group (:mod:`emr_ray.jobs.train_group`)
-keeps them here, in the same folder and the same format (:mod:`emr_ray.train`'s ``state.pt`` and
+Ray Train keeps a run's checkpoints itself; a warm worker group (:mod:`emr_ray.cluster.jobs.train_group`)
+keeps them here, in the same folder and the same format (:mod:`emr_ray.cluster.train`'s ``state.pt`` and
 ``metrics.json``): ``<storage_path>/<run_name>/checkpoint_<epoch>``. ``metrics.json`` is written
 last, so a checkpoint without it (a crash during the upload) is incomplete and never read.
 
@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from emr_ray import train as emr_train
-from emr_ray.spec import CheckpointSpec
+from emr_ray.cluster import train as emr_train
+from emr_ray.cluster.spec import CheckpointSpec
 
 PREFIX = "checkpoint_"
 

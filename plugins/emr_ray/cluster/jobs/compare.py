@@ -9,7 +9,7 @@ file the plan lists for the ``test`` dataset.
 
 This runs in the job's driver, not on the Ray Train workers: a test split is small (the default
 split keeps a fifth of a partition; 10k rows of 16 features is under 1 MB), so the driver reads it
-whole with :func:`emr_ray.jobs.shards.read` and scores it on the CPU. A test split too large
+whole with :func:`emr_ray.cluster.jobs.shards.read` and scores it on the CPU. A test split too large
 for one process is a reason to evaluate a sample instead; this step does not.
 
 Recorded in the challenger's MLflow run, for ``MLflowRegisterOperator``: the tags
@@ -21,8 +21,8 @@ loaded or scored on these rows). A skipped comparison never fails the training: 
 task then falls back to the champion's recorded metric, and says so.
 
 Against an MLflow that requires a login, every call goes through :func:`train_mlflow.client
-<emr_ray.jobs.train_mlflow.client>` (or runs after it), which makes the job's credentials visible
-first (:func:`~emr_ray.jobs.train_mlflow.ensure_credentials`); the artifact downloads read the same
+<emr_ray.cluster.jobs.train_mlflow.client>` (or runs after it), which makes the job's credentials visible
+first (:func:`~emr_ray.cluster.jobs.train_mlflow.ensure_credentials`); the artifact downloads read the same
 ``MLFLOW_TRACKING_*`` variables.
 
 Runs on the cluster: never imports Airflow.
@@ -38,11 +38,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray import storage
-from emr_ray import train as emr_train
-from emr_ray.jobs import shards
-from emr_ray.jobs import train_mlflow as tracking
-from emr_ray.promotion import (
+from emr_ray.cluster import storage
+from emr_ray.cluster import train as emr_train
+from emr_ray.cluster.jobs import shards
+from emr_ray.cluster.jobs import train_mlflow as tracking
+from emr_ray.cluster.promotion import (
     NO_CHAMPION,
     TAG_COMPARE_ALIAS,
     TAG_COMPARE_MODEL,
@@ -51,9 +51,9 @@ from emr_ray.promotion import (
     TAG_COMPARE_VERSION,
     compare_metric,
 )
-from emr_ray.spec import CompareSection, TrainJobSpec, import_by_path
+from emr_ray.cluster.spec import CompareSection, TrainJobSpec, import_by_path
 
-log = logging.getLogger("emr_ray.jobs.compare")
+log = logging.getLogger("emr_ray.cluster.jobs.compare")
 
 
 class Skipped(Exception):
@@ -230,7 +230,7 @@ def _compare(
     if evaluate is None:
         raise Skipped(
             f"{spec.model_module} has no evaluate(model, config, table); add one "
-            "(see emr_ray.train.EvaluatingModule) to score both models on the same rows"
+            "(see emr_ray.cluster.train.EvaluatingModule) to score both models on the same rows"
         )
     version = champion_version(client, section)
     if version is None:
