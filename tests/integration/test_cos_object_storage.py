@@ -26,7 +26,7 @@ def test_dag_code_writes_reads_and_lists_cos_through_the_connection(cos_conn, co
     assert not (root / "dt=2026-12-01" / "_SUCCESS").exists()
     with (root / "dt=2026-12-01" / "part-0.parquet").open("rb") as f:
         assert pq.read_table(f).column("x").to_pylist() == [1.0, 2.0, 3.0]
-    assert [p.parent.name for p in root.glob("dt=*/_SUCCESS")] == ["dt=2026-11-30"]  # as in the README
+    assert [p.parent.name for p in root.glob("dt=*/_SUCCESS")] == ["dt=2026-11-30"]  # as in the docs
     found = [(p.bucket, p.key, p.conn_id) for p in root.glob("*/_SUCCESS")]
     assert found == [(BUCKET, f"{cos_prefix}raw/dt=2026-11-30/_SUCCESS", cos_conn)]
 
