@@ -41,6 +41,8 @@ RAW = "{{ var.value.get('emr_ray_digits_raw_uri', 'cos://emr-ray-demo-1250000000
 STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
 CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
 STAGED = f"{STAGING}/digits/dt={PARTITION}"
+#: what the MLflow run and its model version are both tagged with: the same partition and generation
+LINEAGE_TAGS = {"partition": PARTITION, "data_uri": STAGED, "generation": committed_generation("preprocess")}
 
 with DAG(
     dag_id="retrain_digits",
@@ -116,6 +118,7 @@ with DAG(
         score_attribute="test_accuracy",
         score_order="max",
         experiment_name="retrain_digits",
+        run_tags=LINEAGE_TAGS,  # the model version's tags too
         compare_with_model="digits-cnn",  # scores the champion on this run's test rows, for register
         force_recompute="{{ params.force_recompute }}",
         pool=TRAIN_POOL,
@@ -127,11 +130,7 @@ with DAG(
         run_id="{{ ti.xcom_pull(task_ids='train')['mlflow_run_id'] }}",
         metric="test_accuracy",
         direction="max",
-        version_tags={
-            "partition": PARTITION,
-            "data_uri": STAGED,
-            "generation": committed_generation("preprocess"),
-        },
+        version_tags=LINEAGE_TAGS,  # the training run's run_tags
         promote_historical="{{ params.promote_historical }}",
         pool=PROMOTION_POOL,  # one slot: promotions of a model never interleave
     )

@@ -50,6 +50,8 @@ RAW = "{{ var.value.get('emr_ray_interactions_raw_uri', 'cos://emr-ray-demo-1250
 STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
 CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
 STAGED = f"{STAGING}/recsys/dt={PARTITION}"
+#: what the MLflow run and its model version are both tagged with: the same partition and generation
+LINEAGE_TAGS = {"partition": PARTITION, "data_uri": STAGED, "generation": committed_generation("preprocess")}
 MAX_HISTORY = 64  # the recent items a user carries: the model's history input and the ranking's exclusions
 # the index sizes of exactly the generation this run's preprocessing committed (its rows_out)
 NUM_USERS = "{{ ti.xcom_pull(task_ids='preprocess')['rows_out']['users'] }}"
@@ -139,6 +141,7 @@ with DAG(
         score_attribute="recall_at_10",
         score_order="max",
         experiment_name="retrain_recsys",
+        run_tags=LINEAGE_TAGS,  # the model version's tags too
         compare_with_model="recsys-two-tower",  # scores the champion on this run's test rows, for register
         force_recompute="{{ params.force_recompute }}",
         pool=TRAIN_POOL,
@@ -150,11 +153,7 @@ with DAG(
         run_id="{{ ti.xcom_pull(task_ids='train')['mlflow_run_id'] }}",
         metric="recall_at_10",
         direction="max",
-        version_tags={
-            "partition": PARTITION,
-            "data_uri": STAGED,
-            "generation": committed_generation("preprocess"),
-        },
+        version_tags=LINEAGE_TAGS,  # the training run's run_tags
         promote_historical="{{ params.promote_historical }}",
         pool=PROMOTION_POOL,  # one slot: promotions of a model never interleave
     )

@@ -47,6 +47,8 @@ RAW = "{{ var.value.get('emr_ray_raw_uri', 'cos://emr-ray-demo-1250000000/raw') 
 STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
 CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
 STAGED = f"{STAGING}/tabular/dt={PARTITION}"
+#: what the MLflow run and its model version are both tagged with: the same partition and generation
+LINEAGE_TAGS = {"partition": PARTITION, "data_uri": STAGED, "generation": committed_generation("preprocess")}
 
 with DAG(
     dag_id="retrain_tabular",
@@ -144,6 +146,7 @@ with DAG(
         num_workers="{{ params.num_workers }}",
         use_gpu=False,
         experiment_name="retrain_tabular",
+        run_tags=LINEAGE_TAGS,  # the model version's tags too
         compare_with_model="tabular-mlp",  # scores the champion on this run's test rows, for register
         force_recompute="{{ params.force_recompute }}",
         pool=TRAIN_POOL,
@@ -155,11 +158,7 @@ with DAG(
         run_id="{{ ti.xcom_pull(task_ids='train')['mlflow_run_id'] }}",
         metric="test_accuracy",
         direction="max",
-        version_tags={
-            "partition": PARTITION,
-            "data_uri": STAGED,
-            "generation": committed_generation("preprocess"),
-        },
+        version_tags=LINEAGE_TAGS,  # the training run's run_tags
         description="tabular MLP trained on partition " + PARTITION,
         register_only_if_better="{{ params.register_only_if_better }}",
         promote_historical="{{ params.promote_historical }}",

@@ -46,6 +46,8 @@ RAW = "{{ var.value.get('emr_ray_text_raw_uri', 'cos://emr-ray-demo-1250000000/r
 STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
 CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
 STAGED = f"{STAGING}/text/dt={PARTITION}"
+#: what the MLflow run and its model version are both tagged with: the same partition and generation
+LINEAGE_TAGS = {"partition": PARTITION, "data_uri": STAGED, "generation": committed_generation("preprocess")}
 VOCAB_SIZE = 8000  # the preprocess step's vocabulary and the model's embedding table must agree
 MAX_TOKENS = 96  # tokens per review fed to the model (words and pairs); longer reviews are cut
 
@@ -132,6 +134,7 @@ with DAG(
         score_attribute="test_accuracy",
         score_order="max",
         experiment_name="retrain_text",
+        run_tags=LINEAGE_TAGS,  # the model version's tags too
         compare_with_model="text-sentiment",  # scores the champion on this run's raw test rows, for register
         force_recompute="{{ params.force_recompute }}",
         pool=TRAIN_POOL,
@@ -143,11 +146,7 @@ with DAG(
         run_id="{{ ti.xcom_pull(task_ids='train')['mlflow_run_id'] }}",
         metric="test_accuracy",
         direction="max",
-        version_tags={
-            "partition": PARTITION,
-            "data_uri": STAGED,
-            "generation": committed_generation("preprocess"),
-        },
+        version_tags=LINEAGE_TAGS,  # the training run's run_tags
         promote_historical="{{ params.promote_historical }}",
         pool=PROMOTION_POOL,  # one slot: promotions of a model never interleave
     )

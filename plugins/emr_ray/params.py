@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 #: the environment variable that moves the first date the DAGs can process (their ``start_date``)
@@ -67,6 +68,30 @@ PARTITION_TEMPLATE = (
     "{{ params.partition or (dag_run.logical_date or dag_run.run_after - macros.timedelta(days=1))"
     ".strftime('%Y-%m-%d') }}"
 )
+
+
+def run_partition(context: Mapping[str, Any]) -> str | None:
+    """The partition a run processes, from its task context, as :data:`PARTITION_TEMPLATE` renders it.
+
+    The default ``partition`` tag of both a training's MLflow run and its model version, so the two
+    agree in every kind of run (a manual run without a logical date has no ``ds``). None when the
+    context has no date at all (a bare context in a test).
+    """
+    import datetime as dt
+
+    chosen = (context.get("params") or {}).get("partition")
+    if chosen:
+        return str(chosen)
+    dag_run = context.get("dag_run")
+    logical_date = getattr(dag_run, "logical_date", None) or context.get("logical_date")
+    if logical_date:
+        return str(logical_date.strftime("%Y-%m-%d"))
+    if context.get("ds"):  # the logical date's text, in a context without the date itself
+        return str(context["ds"])
+    run_after = getattr(dag_run, "run_after", None)
+    if run_after:
+        return str((run_after - dt.timedelta(days=1)).strftime("%Y-%m-%d"))
+    return None
 
 
 #: an ISO date, matched whole (no trailing newline, ASCII digits only)

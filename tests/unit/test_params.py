@@ -1,14 +1,24 @@
-"""The partition Param: the trigger form and the API accept exactly the dates the operators accept."""
+"""The partition Param: the trigger form and the API accept exactly the dates the operators accept; and
+the partition a run processes, as its tasks' templates and its MLflow tags name it."""
 
 from __future__ import annotations
 
 import re
 
+import jinja2
 import jsonschema
 import pytest
 
 from emr_ray.cluster import storage
-from emr_ray.params import PARTITION_PATTERN, committed_generation, committed_output, partition_param
+from emr_ray.params import (
+    PARTITION_PATTERN,
+    PARTITION_TEMPLATE,
+    committed_generation,
+    committed_output,
+    partition_param,
+    run_partition,
+)
+from tests.unit.run_contexts import KINDS, RunKind
 
 
 @pytest.mark.parametrize("value", ["2026-11-02", "2020-01-31", None])
@@ -37,3 +47,16 @@ def test_downstream_tasks_read_what_this_runs_preprocessing_committed():
         == "{{ ti.xcom_pull(task_ids='preprocess')['outputs']['train'] }}"
     )
     assert committed_generation("preprocess") == "{{ ti.xcom_pull(task_ids='preprocess')['generation'] }}"
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.name)
+def test_run_partition_is_what_the_partition_template_renders(kind: RunKind):
+    """The tags that default to :func:`run_partition` name the partition the DAG's tasks process."""
+    context = kind.context()
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(PARTITION_TEMPLATE)
+    assert run_partition(context) == template.render(**context) == kind.partition
+
+
+def test_a_context_without_any_date_has_no_partition():
+    assert run_partition({"params": {}}) is None
+    assert run_partition({"ds": "2026-11-02"}) == "2026-11-02"

@@ -43,6 +43,7 @@ from emr_ray.exceptions import MLflowMetricNotFiniteError, MLflowRegistryError
 from emr_ray.hooks.mlflow import MLflowHook
 from emr_ray.hooks.mlflow_registry import TAG_ARTIFACT_PATH
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
+from emr_ray.params import run_partition
 from emr_ray.templating import as_bool
 
 if TYPE_CHECKING:
@@ -152,8 +153,9 @@ class MLflowRegisterOperator(BaseOperator):
     :param promote_historical: let a historical run (a backfill, or a partition older than the
         champion's ``partition`` tag) replace the champion; by default it stays challenger
         (templated: ``"{{ params.promote_historical }}"`` works).
-    :param version_tags: extra model version tags; ``partition`` here overrides the default
-        (the DAG run's ``ds``). (templated)
+    :param version_tags: extra model version tags; ``partition`` here overrides the default (the
+        run's partition, :func:`emr_ray.params.run_partition`, as the training run's tag). Pass the
+        training task's ``run_tags`` here too, so the run and the version agree. (templated)
     :param description: model version description. (templated)
     :param mlflow_conn_id: Airflow connection of type ``mlflow``.
     :param emit_asset: add :func:`mlflow_model_asset` of ``model_name`` to ``outlets`` (only when
@@ -487,7 +489,8 @@ class MLflowRegisterOperator(BaseOperator):
             return Champion(version, None, partition)
 
     def _version_tags(self, context: Context, artifact_path: str) -> dict[str, str]:
-        """Tags of a new version: the task instance, the partition (``ds``), then ``version_tags``."""
+        """Tags of a new version: the task instance, the run's partition (the training run's default tag
+        too), then ``version_tags``."""
         ti = context["ti"]
         tags = {
             TAG_DAG_ID: ti.dag_id,
@@ -495,9 +498,9 @@ class MLflowRegisterOperator(BaseOperator):
             TAG_TASK_ID: ti.task_id,
             TAG_ARTIFACT_PATH: artifact_path,
         }
-        partition = context.get("ds")
+        partition = run_partition(context)
         if partition:
-            tags[TAG_PARTITION] = str(partition)
+            tags[TAG_PARTITION] = partition
         map_index = getattr(ti, "map_index", -1)
         if map_index is not None and map_index >= 0:
             tags[TAG_MAP_INDEX] = str(map_index)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from emr_ray.cluster.spec import RLlibJobSpec
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.mlflow_job import MLflowJobOperator
-
-if TYPE_CHECKING:
-    pass
 
 
 class RLlibTrainOperator(MLflowJobOperator):
@@ -46,12 +43,14 @@ class RLlibTrainOperator(MLflowJobOperator):
     :param num_to_keep: checkpoints kept.
     :param seed: RLlib's seed, for repeatable runs (templated).
     :param evaluation_episodes: greedy episodes the final policy plays; 0 plays none.
-    :param experiment_name: MLflow experiment (templated); default the DAG id.
+
+    MLflow (``mlflow_conn_id``, ``experiment_name``, ``run_tags``; the login only as secret variables, checked
+    before submitting): :class:`~emr_ray.operators.mlflow_job.MLflowJobOperator`.
     """
 
     template_fields: Sequence[str] = (
         *MLflowJobOperator.template_fields, "algorithm", "env", "env_config", "config", "model_config",
-        "iterations", "storage_path", "num_env_runners", "num_envs_per_env_runner", "seed", "experiment_name",
+        "iterations", "storage_path", "num_env_runners", "num_envs_per_env_runner", "seed",
     )  # fmt: skip
     template_fields_renderers = {
         **MLflowJobOperator.template_fields_renderers,
@@ -78,7 +77,6 @@ class RLlibTrainOperator(MLflowJobOperator):
         num_to_keep: int = 2,
         seed: int | str | None = None,
         evaluation_episodes: int = 10,
-        experiment_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("entrypoint_num_cpus", 1)  # the learner works in the driver
@@ -96,7 +94,6 @@ class RLlibTrainOperator(MLflowJobOperator):
         self.num_to_keep = num_to_keep
         self.seed = seed
         self.evaluation_episodes = evaluation_episodes
-        self.experiment_name = experiment_name
 
     def build_spec(self, context: Any, identity: TaskIdentity) -> RLlibJobSpec:
         self.check_mlflow_access()
@@ -104,7 +101,7 @@ class RLlibTrainOperator(MLflowJobOperator):
         return RLlibJobSpec(
             run_name=identity.run_name,
             storage_path=identity.checkpoint_path(self.storage_path),
-            mlflow=self.mlflow_section(context, identity, self.experiment_name),
+            mlflow=self.mlflow_section(context, identity),
             algorithm=str(self.algorithm),
             env=str(self.env),
             env_config=_natives(self.env_config),

@@ -62,21 +62,17 @@ class TorchTrainOperator(MLflowJobOperator):
         saves Ray Train's 10-15 s of worker-group start per training here; same loop, same
         checkpoints, same resume (:mod:`emr_ray.cluster.jobs.train_group`; templated).
     :param worker_group_idle_timeout: seconds a warm worker group waits unused before it stops (templated).
-    :param mlflow_conn_id: the ``mlflow`` connection the job logs to. Its login and password (or token)
-        reach the job only as ``MLFLOW_TRACKING_*`` secret environment variables
-        (:meth:`job_secrets`), never in its spec, entrypoint or runtime_env. Before submitting, one
-        request checks that MLflow accepts them: a refusal fails the task at once (no retries) with a
-        message that names the connection.
-    :param experiment_name: MLflow experiment (templated); default the DAG id.
     :param compare_with_model: registered model whose ``compare_alias`` version is scored against the new
         model on the same test rows after fit; None (or an empty rendering) compares nothing (templated).
     :param compare_alias: the alias of ``compare_with_model`` to compare with.
+
+    MLflow (``mlflow_conn_id``, ``experiment_name``, ``run_tags``; the login only as secret variables, checked
+    before submitting): :class:`~emr_ray.operators.mlflow_job.MLflowJobOperator`.
     """
 
     template_fields: Sequence[str] = (
         *MLflowJobOperator.template_fields, "train_loop", "datasets", "config", "storage_path", "num_workers",
-        "use_gpu", "resources_per_worker", "placement_strategy", "experiment_name",
-        "compare_with_model", "worker_group", "worker_group_idle_timeout",
+        "use_gpu", "resources_per_worker", "placement_strategy", "compare_with_model", "worker_group", "worker_group_idle_timeout",
     )  # fmt: skip
     template_fields_renderers = {
         **MLflowJobOperator.template_fields_renderers,
@@ -101,15 +97,13 @@ class TorchTrainOperator(MLflowJobOperator):
         score_attribute: str = "test_loss",
         score_order: str = "min",
         max_failures: int = 1,
-        mlflow_conn_id: str = "mlflow_default",
-        experiment_name: str | None = None,
         compare_with_model: str | None = None,
         compare_alias: str = "champion",
         worker_group: str = "job",
         worker_group_idle_timeout: int | str = 600,
         **kwargs: Any,
     ) -> None:
-        super().__init__(mlflow_conn_id=mlflow_conn_id, **kwargs)
+        super().__init__(**kwargs)
         # not templated: checked when the DAG is parsed
         self.checkpoint = CheckpointSpec(num_to_keep, score_attribute, score_order)
         self.failure = FailureSpec(int(max_failures))
@@ -125,7 +119,6 @@ class TorchTrainOperator(MLflowJobOperator):
         self.score_attribute = score_attribute
         self.score_order = score_order
         self.max_failures = max_failures
-        self.experiment_name = experiment_name
         self.compare_with_model = compare_with_model
         self.compare_alias = compare_alias
         self.worker_group = worker_group
@@ -145,7 +138,7 @@ class TorchTrainOperator(MLflowJobOperator):
             failure=self.failure,
             run_name=identity.run_name,
             storage_path=identity.checkpoint_path(self.storage_path),
-            mlflow=self.mlflow_section(context, identity, self.experiment_name),
+            mlflow=self.mlflow_section(context, identity),
             compare=self._compare_section(),
             worker_group=str(self.worker_group),
             worker_group_idle_timeout_s=int(self.worker_group_idle_timeout),

@@ -14,6 +14,9 @@ from airflow.sdk.execution_time.context import OutletEventAccessors
 from emr_ray.cluster.promotion import Comparison, Decision
 from emr_ray.exceptions import MLflowRegistryError
 from emr_ray.operators.mlflow import Candidate, Champion, MLflowRegisterOperator, mlflow_model_asset
+from tests.unit.run_contexts import KINDS
+
+KINDS_BY_NAME = {kind.name: kind for kind in KINDS}
 
 
 class TaskInstanceFields:
@@ -88,6 +91,15 @@ def test_version_tags_name_the_task_instance_and_the_partition() -> None:
     }
     assert op._version_tags(_context(map_index=3, ds=None), "model")["airflow.map_index"] == "3"
     assert "partition" not in op._version_tags(_context(ds=None), "model")
+
+
+def test_the_partition_tag_is_the_runs_partition_even_without_a_logical_date() -> None:
+    """A manual run without a logical date has no ``ds``: its partition is the chosen one, else the day
+    before it ran (what the DAG's tasks processed, and what the training run is tagged with)."""
+    op = MLflowRegisterOperator(task_id="register", model_name="m", run_id="r")
+    chosen, unchosen = KINDS_BY_NAME["manual, a partition chosen"], KINDS_BY_NAME["manual, no logical date"]
+    assert op._version_tags(chosen.context("register"), "model")["partition"] == "2026-12-01"
+    assert op._version_tags(unchosen.context("register"), "model")["partition"] == "2026-12-03"
 
 
 def test_callers_version_tags_win_over_the_defaults() -> None:

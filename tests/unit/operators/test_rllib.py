@@ -92,5 +92,5 @@ def test_the_job_gets_the_mlflow_login_only_as_secret_environment_variables(monk
     op = RLlibTrainOperator(task_id="train", env="CartPole-v1", storage_path="file:///ck")
     secrets = op.job_secrets({}, {"storage": {}})
     assert secrets == {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "s3cret"}
-    spec = op.mlflow_section({"ds": "2026-11-02"}, TaskIdentity.from_context({"ti": TaskInstance()}), None)
+    spec = op.mlflow_section({"ds": "2026-11-02"}, TaskIdentity.from_context({"ti": TaskInstance()}))
     assert "s3cret" not in spec.to_json()

@@ -37,7 +37,7 @@ def test_no_model_to_compare_with_compares_nothing(rendered) -> None:
 
 def test_a_partition_that_is_not_a_date_fails_the_task_without_retries(monkeypatch, tmp_path):
     """Rendered arguments that can never run fail before any cluster work, as AirflowFailException."""
-    from airflow.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException
 
     from emr_ray.operators.torch import TorchTrainOperator
 
@@ -79,6 +79,21 @@ def test_the_mlflow_login_goes_to_the_job_secrets_and_never_into_the_spec(monkey
     }
     assert "pw-unit-torch-4" not in json.dumps(spec)
     assert spec["mlflow"]["tracking_uri"] == conn["host"]
+
+
+def test_the_run_is_tagged_with_the_runs_partition_and_the_lineage_tags_the_dag_passes(monkeypatch, tmp_path):
+    """``run_tags`` are the DAG's lineage tags, the ones its register task gives the model version."""
+    import json
+
+    from emr_ray.identity import TaskIdentity
+
+    conn = {"conn_type": "mlflow", "host": f"sqlite:///{tmp_path}/mlflow.db"}
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(conn))
+    identity = TaskIdentity("d", "manual__1", "train", -1, 1)
+    context = {"params": {"partition": "2026-12-01"}, "ds": "2026-11-02"}
+    assert make().build_spec(context, identity).mlflow.tags["partition"] == "2026-12-01"
+    tagged = make(run_tags={"generation": "g1"}, experiment_name="tabular").build_spec(context, identity)
+    assert tagged.mlflow.tags["generation"] == "g1" and tagged.mlflow.experiment_name == "tabular"
 
 
 def test_a_finished_job_logs_its_final_metrics_run_and_comparison(capsys) -> None:

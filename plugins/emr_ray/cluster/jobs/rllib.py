@@ -126,9 +126,8 @@ def resume_state(spec: RLlibJobSpec, run_state: RunState, print_key: str, *, for
 def start_run(spec: RLlibJobSpec, resume_run_id: str | None) -> str:
     """The MLflow run: the stored one when resuming, else a new one with the spec's params."""
     settings = spec.mlflow
-    # train_mlflow's helpers read only spec.mlflow: the same login handling as the training job
-    with tracking.refused_as_input_error(spec):  # type: ignore[arg-type]
-        client = tracking.client(spec)  # type: ignore[arg-type]
+    with tracking.refused_as_input_error(spec):  # the training job's login handling
+        client = tracking.client(spec)
         if resume_run_id:
             client.update_run(resume_run_id, status="RUNNING")
             log.info("Resuming MLflow run %s", resume_run_id)
@@ -414,7 +413,7 @@ def run(spec: RLlibJobSpec) -> dict[str, Any]:
     state = state | {"fingerprint": print_key, "mlflow_run_id": start_run(spec, resuming)}
     run_state.write(state)
     mlflow_run_id = state["mlflow_run_id"]
-    client = tracking.client(spec)  # type: ignore[arg-type]
+    client = tracking.client(spec)
     try:
         algo = build_algorithm(algo_config)
         try:

@@ -17,15 +17,23 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from emr_ray.cluster import mlflow_auth, secrets
 from emr_ray.cluster import train as emr_train
 from emr_ray.cluster.jobs._runtime import JobInputError
-from emr_ray.cluster.spec import TrainJobSpec, import_by_path
+from emr_ray.cluster.spec import MLflowSection, TrainJobSpec, import_by_path
 
 log = logging.getLogger("emr_ray.cluster.jobs.train")
+
+
+class LogsToMLflow(Protocol):
+    """A job spec with an ``mlflow`` part: all :func:`client` and :func:`refused_as_input_error` read,
+    so the RLlib job (:class:`~emr_ray.cluster.spec.RLlibJobSpec`) uses them as the training job does."""
+
+    @property
+    def mlflow(self) -> MLflowSection: ...
 
 
 def ensure_credentials() -> None:
@@ -34,7 +42,7 @@ def ensure_credentials() -> None:
     secrets.ensure_env()
 
 
-def client(spec: TrainJobSpec):
+def client(spec: LogsToMLflow):
     import mlflow
 
     ensure_credentials()
@@ -42,7 +50,7 @@ def client(spec: TrainJobSpec):
 
 
 @contextmanager
-def refused_as_input_error(spec: TrainJobSpec) -> Iterator[None]:
+def refused_as_input_error(spec: LogsToMLflow) -> Iterator[None]:
     """Turn MLflow refusing the job's credentials (401, 403) into a :class:`JobInputError` that says
     what the job had (never the secret) and what to fix on the Airflow side."""
     try:
