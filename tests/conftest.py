@@ -44,7 +44,6 @@ pytest_plugins = [
     "tests.fixtures.ray",
     "tests.fixtures.pipeline",
     "tests.fixtures.hdfs",
-    "tests.fixtures.airflow_live",
     "tests.fixtures.dag_files",
 ]
 
@@ -60,12 +59,3 @@ def airflow_db() -> Path:
     airflow = Path(sys.executable).with_name("airflow")
     subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True)
     return Path(os.environ["AIRFLOW_HOME"])
-
-
-LAST = ("test_airflow_live", "test_airflow_events", "test_airflow_restarts")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the live-Airflow tests last, in this order: they build on models the ``dags test`` modules
-    registered, and the restart tests (which kill Airflow's components) come after the others."""
-    items.sort(key=lambda item: next((i + 1 for i, name in enumerate(LAST) if name in item.nodeid), 0))

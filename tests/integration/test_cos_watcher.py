@@ -3,7 +3,7 @@ restart of the triggerer, none lost while it was down. Against the COS stand-in.
 
 The asset state store is a dict here (:class:`DictStateStore`): Airflow's own store talks to the
 triggerer's supervisor, which only a running triggerer has. The live test in
-``test_airflow_live.py`` runs the watcher in a real triggerer.
+``tests/system/test_airflow_events.py`` runs the watcher in a real triggerer.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The retraining DAG end to end, through ``airflow dags test`` (the CLI), on the real local stack:
 Airflow, a Ray head reached over the Jobs API, Spark on Ray (RayDP), Ray Train, MLflow (SQLite) and
 the COS stand-in. The first model registered becomes champion; that a weaker one is not promoted is
-shown on the running Airflow (``test_airflow_live``), which trains one after this run.
+shown on the running Airflow (``tests/system/test_airflow_live.py``), which trains one after this run.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ weights, raw text or raw ids in). What the loop feeds the model is declared in i
 
 The same loop runs on Ray Train's workers (``worker_group="job"``) and on a warm worker group that
 outlives the job (``worker_group="shared"``, :mod:`emr_ray.cluster.jobs.train_group`): these functions are the
-loop's whole view of where it runs, so a loop that uses only them runs in both.
+loop's whole view of where it runs (a :class:`TrainContext` of either kind), so a loop that uses only them
+runs in both.
 
 The checkpoint files are this module's business: user code never names them, so the job can rely on
 them. Runs on the cluster: never imports Airflow; torch and ray are imported inside functions.
@@ -27,10 +28,11 @@ them. Runs on the cluster: never imports Airflow; torch and ray are imported ins
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -99,57 +101,144 @@ class TrainState:
     metrics: dict[str, Any]
 
 
+class TrainContext:
+    """Where the loop runs, as the public functions below see it: Ray Train's worker group
+    (:class:`RayTrainContext`) or a warm worker group's call (:class:`WarmGroupContext`), as Ray Train
+    v2 gives its loop a train context. :func:`get_context` is the running one."""
+
+    def rank_and_size(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def device(self) -> Any:
+        raise NotImplementedError
+
+    def prepare_model(self, model: Any) -> Any:
+        raise NotImplementedError
+
+    def storage_options(self, plan: dict[str, Any]) -> Any:
+        """The storage options the loop reads its shards with."""
+        raise NotImplementedError
+
+    def latest_state(self) -> TrainState | None:
+        raise NotImplementedError
+
+    def report(self, metrics: dict[str, Any], directory: str | None) -> None:
+        """Report an epoch's metrics, with rank 0's checkpoint directory (None on other ranks)."""
+        raise NotImplementedError
+
+
+class RayTrainContext(TrainContext):
+    """Ray Train's own worker group (``worker_group="job"``): its context, its checkpoints."""
+
+    def rank_and_size(self) -> tuple[int, int]:
+        import ray.train
+
+        context = ray.train.get_context()
+        return context.get_world_rank(), context.get_world_size()
+
+    def device(self) -> Any:
+        from ray.train.torch import get_device
+
+        return get_device()
+
+    def prepare_model(self, model: Any) -> Any:
+        from ray.train.torch import prepare_model as ray_prepare_model
+
+        return ray_prepare_model(model)
+
+    def storage_options(self, plan: dict[str, Any]) -> Any:
+        """From the plan; the credentials from the job's environment, which Ray passes to the workers."""
+        from emr_ray.cluster.spec import StorageSection
+
+        return StorageSection.from_dict(plan.get("storage") or {}).options()
+
+    def latest_state(self) -> TrainState | None:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if not checkpoint:
+            return None
+        with checkpoint.as_directory() as directory:
+            return load_state(directory)
+
+    def report(self, metrics: dict[str, Any], directory: str | None) -> None:
+        import ray.train
+
+        if directory is None:
+            ray.train.report(metrics)
+        else:
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+
 @dataclass(frozen=True)
-class WarmCall:
-    """What a warm worker group gives its loop in place of Ray Train's context (one call, one worker)."""
+class WarmGroupContext(TrainContext):
+    """One call of a warm worker group on one worker (:mod:`emr_ray.cluster.jobs.train_group`)."""
 
     rank: int
     world_size: int
-    device: Any
+    torch_device: Any
     #: the job's storage options (a warm worker has no job's secrets in its environment)
     options: Any
     #: a local copy of the checkpoint to resume from, or None on a fresh start
     resume_dir: str | None
     #: ``report(metrics, checkpoint_dir or None)``: rank 0 stores the checkpoint before it returns
-    report: Callable[[dict[str, Any], str | None], None]
+    reporter: Callable[[dict[str, Any], str | None], None]
+
+    def rank_and_size(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
+    def device(self) -> Any:
+        return self.torch_device
+
+    def prepare_model(self, model: Any) -> Any:
+        model = model.to(self.torch_device)
+        if self.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        on_gpu = getattr(self.torch_device, "type", "cpu") == "cuda"
+        return DistributedDataParallel(model, device_ids=[self.torch_device] if on_gpu else None)
+
+    def storage_options(self, plan: dict[str, Any]) -> Any:
+        return self.options
+
+    def latest_state(self) -> TrainState | None:
+        return load_state(self.resume_dir) if self.resume_dir else None
+
+    def report(self, metrics: dict[str, Any], directory: str | None) -> None:
+        self.reporter(metrics, directory)
 
 
-#: set by :mod:`emr_ray.cluster.jobs.train_group` while a warm worker runs a loop; None under Ray Train
-_warm: WarmCall | None = None
+_RAY_TRAIN = RayTrainContext()
+#: the warm group's context while one of its calls runs on this worker (:func:`running_in`)
+_context: TrainContext | None = None
 
 
-def _rank_and_size() -> tuple[int, int]:
-    if _warm is not None:
-        return _warm.rank, _warm.world_size
-    import ray.train
+def get_context() -> TrainContext:
+    """The running loop's context: a warm group's call, else Ray Train's."""
+    return _context or _RAY_TRAIN
 
-    context = ray.train.get_context()
-    return context.get_world_rank(), context.get_world_size()
+
+@contextlib.contextmanager
+def running_in(context: TrainContext) -> Iterator[TrainContext]:
+    """Run a loop in ``context`` (a warm worker's call); Ray Train's again afterwards."""
+    global _context
+    _context = context
+    try:
+        yield context
+    finally:
+        _context = None
 
 
 def device() -> Any:
     """The ``torch.device`` this worker trains on (its GPU, or the CPU)."""
-    if _warm is not None:
-        return _warm.device
-    from ray.train.torch import get_device
-
-    return get_device()
+    return get_context().device()
 
 
 def prepare_model(model: Any) -> Any:
     """``model`` on this worker's device, wrapped in ``DistributedDataParallel`` when there are several
     workers (as Ray Train's ``prepare_model`` does)."""
-    if _warm is None:
-        from ray.train.torch import prepare_model as ray_prepare_model
-
-        return ray_prepare_model(model)
-    model = model.to(_warm.device)
-    if _warm.world_size == 1:
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    on_gpu = getattr(_warm.device, "type", "cpu") == "cuda"
-    return DistributedDataParallel(model, device_ids=[_warm.device] if on_gpu else None)
+    return get_context().prepare_model(model)
 
 
 def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
@@ -160,17 +249,13 @@ def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
     environment, which Ray passes on to the workers.
     """
     from emr_ray.cluster import storage
-    from emr_ray.cluster.spec import StorageSection
 
     plan = config[shards.PLAN_KEY]
     entry = plan["datasets"][name]
-    rank, world_size = _rank_and_size()
+    context = get_context()
+    rank, world_size = context.rank_and_size()
     pieces = shards.plan([(p, int(n)) for p, n in entry["files"]], world_size, equal=entry["equal"])
-    if _warm is not None:
-        options = _warm.options
-    else:
-        options = StorageSection.from_dict(plan.get("storage") or {}).options()
-    return shards.read(pieces[rank], storage.filesystem(entry["uri"], options), columns)
+    return shards.read(pieces[rank], storage.filesystem(entry["uri"], context.storage_options(plan)), columns)
 
 
 def save_state(directory: str, *, model: Any, optimizer: Any, epoch: int, metrics: dict[str, Any]) -> None:
@@ -212,15 +297,7 @@ def load_weights(model: Any, directory: str) -> Any:
 
 def latest_state() -> TrainState | None:
     """The state to resume from inside a Ray Train loop, or None on a fresh start."""
-    if _warm is not None:
-        return load_state(_warm.resume_dir) if _warm.resume_dir else None
-    import ray.train
-
-    checkpoint = ray.train.get_checkpoint()
-    if not checkpoint:
-        return None
-    with checkpoint.as_directory() as directory:
-        return load_state(directory)
+    return get_context().latest_state()
 
 
 def report_epoch(metrics: dict[str, Any], *, model: Any, optimizer: Any, epoch: int) -> None:
@@ -229,18 +306,11 @@ def report_epoch(metrics: dict[str, Any], *, model: Any, optimizer: Any, epoch: 
     Every worker must call it once per epoch (Ray Train waits for all ranks).
     """
     metrics = {"epoch": int(epoch), **metrics}
-    rank, _ = _rank_and_size()
-    if _warm is not None:
-        if rank != 0:
-            return _warm.report(metrics, None)
-        with tempfile.TemporaryDirectory() as tmp:
-            save_state(tmp, model=model, optimizer=optimizer, epoch=epoch, metrics=metrics)
-            return _warm.report(metrics, tmp)
-    import ray.train
-
+    context = get_context()
+    rank, _ = context.rank_and_size()
     if rank != 0:
-        ray.train.report(metrics)
+        context.report(metrics, None)
         return
     with tempfile.TemporaryDirectory() as tmp:
         save_state(tmp, model=model, optimizer=optimizer, epoch=epoch, metrics=metrics)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        context.report(metrics, tmp)

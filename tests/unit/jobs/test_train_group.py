@@ -1,6 +1,6 @@
 """The warm training worker group without a cluster (``emr_ray.cluster.jobs.train_group``,
 ``train_checkpoints``): which trainings may share a group, how a run's checkpoints are kept and
-found, and the project's loop running in a warm worker's context (``emr_ray.cluster.train.WarmCall``), in
+found, and the project's loop running in a warm worker's context (``emr_ray.cluster.train.WarmGroupContext``), in
 this process with torch and real Parquet files. On a real cluster: ``tests/integration/test_train_group.py``.
 """
 
@@ -102,11 +102,10 @@ def run_loop(config, reports, resume_dir=None):
         state = emr_train.load_state(directory) if directory else None
         reports.append((metrics, state))
 
-    emr_train._warm = emr_train.WarmCall(0, 1, torch.device("cpu"), StorageOptions(), resume_dir, report)
-    try:
+    context = emr_train.WarmGroupContext(0, 1, torch.device("cpu"), StorageOptions(), resume_dir, report)
+    with emr_train.running_in(context):
         train_loop(config)
-    finally:
-        emr_train._warm = None
+    assert isinstance(emr_train.get_context(), emr_train.RayTrainContext)  # Ray Train's again after the call
 
 
 def test_the_projects_loop_runs_in_a_warm_workers_context_and_resumes_from_its_checkpoint(plan, tmp_path):
@@ -271,3 +270,53 @@ trainer = train_warm.WarmTrainer(spec, plan, StorageOptions(), {}, on_run_starte
 fitted = train.fit_and_log(trainer, spec, plan, StorageOptions(), None)
 print(json.dumps({"steps": steps, "recorded_run": recorded[0], "mlflow_imported": "mlflow" in sys.modules}))
 """
+
+
+class Rank0:
+    """A stand-in for rank 0's actor handle: each step's outcome as given (``ray.get`` is the identity)."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome
+
+    def __getattr__(self, name: str):
+        return self
+
+    def options(self, **_):
+        return self
+
+    def remote(self, *args):
+        return self.outcome
+
+
+def test_a_call_whose_rank_0_dies_retires_the_group_and_the_jobs_own_step_errors_do_not(monkeypatch):
+    """Rank 0 lost beside the loop (GroupFailed: the job restarts in a fresh group) or after it
+    (Rank0Lost: the driver does the last step) retires the group when the lease ends; a step that
+    fails on its own (MLflow refused) leaves the group sound."""
+    import ray
+    from ray.exceptions import ActorDiedError
+
+    from emr_ray.cluster.jobs.train_group import GroupCall, GroupFailed, Rank0Lost
+    from emr_ray.cluster.jobs.warm_actor import Replica
+
+    def get(value, **_):
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    monkeypatch.setattr(ray, "get", get)
+
+    def call(outcome) -> GroupCall:
+        return GroupCall(Replica("train-x-0", None, {"lease": "l", "workers": [Rank0(outcome)], "calls": 0}))
+
+    refused = call(PermissionError("MLflow refused the login"))
+    with pytest.raises(PermissionError, match="MLflow refused"):
+        refused.step("m:begin_run", {}, {})
+    assert refused.group.sound
+    done = call({"value": 7, "log": ["logged"]})
+    assert done.after_fit("m:log", {}, {}) == 7 and done.log == ["logged"] and done.group.sound
+    beside, after = call(ActorDiedError()), call(ActorDiedError())
+    with pytest.raises(GroupFailed, match="train-x-0: rank 0 died"):
+        beside.step("m:log_epoch_metrics", {}, {})
+    with pytest.raises(Rank0Lost, match="rank 0 died after the loop"):
+        after.after_fit("m:log", {}, {})
+    assert not beside.group.sound and not after.group.sound

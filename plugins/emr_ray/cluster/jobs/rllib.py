@@ -35,7 +35,7 @@ from typing import Any
 from emr_ray.cluster import storage
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs._runtime import JobInputError, main
-from emr_ray.cluster.jobs.train import RunState
+from emr_ray.cluster.jobs.train import RunState, resume_state
 from emr_ray.cluster.reuse import FORCE_ENV
 from emr_ray.cluster.spec import RLlibJobSpec
 
@@ -112,17 +112,6 @@ def stop_algorithm(algo) -> None:
 
 
 # -- step 2: resume state ----------------------------------------------------------------------------
-def resume_state(spec: RLlibJobSpec, run_state: RunState, print_key: str, *, force: bool) -> dict[str, Any]:
-    """The stored state to continue from: kept for the same spec, cleared otherwise (or when forced)."""
-    state = run_state.read()
-    if state and (force or state.get("fingerprint") != print_key):
-        why = "recomputation forced" if force else "the spec changed since"
-        log.info("Starting run %s clean: %s.", spec.run_name, why)
-        run_state.clear()
-        return {}
-    return state
-
-
 def start_run(spec: RLlibJobSpec, resume_run_id: str | None) -> str:
     """The MLflow run: the stored one when resuming, else a new one with the spec's params."""
     settings = spec.mlflow

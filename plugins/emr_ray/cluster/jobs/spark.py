@@ -1,6 +1,6 @@
-"""Job: start Spark on Ray (RayDP), read one committed input partition, run a preprocessing function,
-write its outputs as a new generation of the output partition and commit it in one atomic step
-(:mod:`emr_ray.cluster.partitions`). Spark is always stopped; an uncommitted generation is removed.
+"""Job: preprocess one committed input partition into a new generation of the output partition
+(:mod:`.spark_steps`), in a Spark-on-Ray session of the job's own (started and always stopped here)
+or, with ``spark_session="shared"``, in a warm session that outlives the job (:mod:`.spark_session`).
 
 The preprocessing function (``spec.preprocess``, an import path) takes the input DataFrame and
 the step's config and returns a DataFrame or a dict of named DataFrames (e.g. train and test).
@@ -10,136 +10,24 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable
 from typing import Any
 
-from emr_ray.cluster import partitions, storage
-from emr_ray.cluster.jobs import _usage
-from emr_ray.cluster.jobs._runtime import JobInputError, main
-from emr_ray.cluster.jobs.validation import schema_problems, value_problems
-from emr_ray.cluster.spec import SparkJobSpec, SparkSettings, import_by_path
+from emr_ray.cluster import storage
+from emr_ray.cluster.jobs import _usage, spark_session, warm
+from emr_ray.cluster.jobs._runtime import main
+from emr_ray.cluster.jobs.spark_steps import (  # noqa: F401 - JAVA_OPTIONS, spark_configs: this module's names too
+    JAVA_OPTIONS,
+    input_files,
+    preprocess_partition,
+    raise_if,
+    session_settings,
+    spark_configs,
+    start_spark,
+)
+from emr_ray.cluster.jobs.validation import schema_problems
+from emr_ray.cluster.spec import SparkJobSpec
 
 log = logging.getLogger("emr_ray.cluster.jobs.spark")
-
-# JDK 17 closes these packages; Spark's executors (and Arrow) need them open (see RayDP's docs).
-_ADD_OPENS = [
-    "java.lang", "java.lang.invoke", "java.io", "java.net", "java.nio", "java.math", "java.text",
-    "java.util", "java.util.concurrent", "java.util.concurrent.atomic", "sun.nio.ch", "sun.nio.cs",
-    "sun.security.action", "sun.util.calendar",
-]  # fmt: skip
-JAVA_OPTIONS = " ".join(
-    ["-XX:+IgnoreUnrecognizedVMOptions"] + [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _ADD_OPENS]
-)
-
-
-def spark_configs(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Spark settings every RayDP session here needs, under the step's own."""
-    configs = {
-        "spark.executor.extraJavaOptions": JAVA_OPTIONS,
-        "spark.driver.extraJavaOptions": JAVA_OPTIONS,
-        "spark.ray.raydp_app_master.extraJavaOptions": JAVA_OPTIONS,
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.sql.shuffle.partitions": "4",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        # RayDP's Arrow->Spark UDF calls ray.init() in Spark's Python workers; with log_to_driver on,
-        # that process re-prints the cluster's logs into its own captured output: a log feedback loop.
-        "spark.executorEnv.RAY_LOG_TO_DRIVER": "0",
-    }
-    configs.update(extra or {})
-    return configs
-
-
-def input_files(uri: str, options: storage.StorageOptions) -> list[str]:
-    """The Parquet files of a committed input partition; checked before Spark starts (fail fast)."""
-    if not storage.is_committed(uri, options):
-        raise JobInputError(
-            f"Input partition {uri} is missing or not committed (no {storage.SUCCESS_MARKER}); "
-            "check the partition date and that the producer finished, then rerun."
-        )
-    files = storage.list_parquet_files(uri, options)
-    if not files:
-        raise JobInputError(
-            f"Input partition {uri} has no Parquet files; the producer wrote an empty partition."
-        )
-    return files
-
-
-def read_partition(spark, uri: str, files: list[str], options: storage.StorageOptions):
-    """A committed input partition as a Spark DataFrame: exactly the validated ``files``.
-
-    COS is read by the Spark executors themselves with pyarrow (Spark here has no S3A): one Spark
-    task per file, Arrow batches straight into Spark (``mapInArrow``). No Ray task is involved, so
-    the job needs no CPU beyond what its executors hold: two jobs whose executors fill the cluster
-    both run (Ray tasks, which ask for a CPU, waited forever there). ``file://`` and ``hdfs://`` go
-    through Spark's own Hadoop client (see :func:`emr_ray.cluster.storage.spark_hadoop_configs`).
-    """
-    scheme, _ = storage.split_uri(uri)
-    if scheme != "cos":
-        return spark.read.parquet(*[storage.qualify(uri, f) for f in files])
-    import pyarrow.parquet as pq
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    fsys = storage.filesystem(uri, options)
-    schema = from_arrow_schema(pq.read_schema(files[0], filesystem=fsys))  # every file was validated
-
-    def read(batches):
-        import pyarrow.parquet as pq
-
-        for batch in batches:
-            for path in batch.column("path").to_pylist():
-                yield from pq.read_table(path, filesystem=fsys).to_batches()
-
-    paths = spark.createDataFrame([(f,) for f in files], "path string").repartition(len(files))
-    return paths.mapInArrow(read, schema)
-
-
-def write_output(df, uri: str, options: storage.StorageOptions) -> None:
-    """Write ``df`` as Parquet under ``uri`` (a staging prefix; the caller commits it).
-
-    To COS, each Spark task writes its partition as ``part-<partition>.parquet`` with pyarrow: a
-    retried task overwrites its own file, so a retry never adds rows. An empty DataFrame still
-    leaves one (empty) file with its schema.
-    """
-    scheme, path = storage.split_uri(uri)
-    if scheme != "cos":
-        df.write.mode("overwrite").parquet(storage.qualify(uri, path))
-        return
-    import pyarrow.parquet as pq
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    fsys = storage.filesystem(uri, options)
-    arrow_schema = to_arrow_schema(df.schema)
-
-    def write(batches):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        from pyspark import TaskContext
-
-        name = f"{path}/part-{TaskContext.get().partitionId():05d}.parquet"
-        writer = None
-        for batch in batches:
-            if batch.num_rows:
-                writer = writer or pq.ParquetWriter(name, batch.schema, filesystem=fsys)
-                writer.write_batch(batch)
-        if writer is not None:
-            writer.close()
-            yield pa.RecordBatch.from_pylist([{"file": name}])
-
-    if not df.mapInArrow(write, "file string").collect():
-        pq.write_table(arrow_schema.empty_table(), f"{path}/part-00000.parquet", filesystem=fsys)
-
-
-def validate_columns(df, required: list[str], uri: str) -> None:
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise JobInputError(
-            f"Input partition {uri} lacks column(s) {missing}; it has {df.columns}. "
-            "Fix the producer or the step's feature_columns/label_column."
-        )
 
 
 def run(spec: SparkJobSpec) -> dict[str, Any]:
@@ -149,7 +37,7 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
 
     options = spec.storage.options()
     files = input_files(spec.input_uri, options)
-    _raise_if(schema_problems(files, spec.config.get("schema", {}), spec.input_uri, options), spec.input_uri)
+    raise_if(schema_problems(files, spec.config.get("schema", {}), spec.input_uri, options), spec.input_uri)
     _usage.lap("check_input")
     if spec.validate_only:
         rows_in = storage.count_parquet_rows(files, spec.input_uri, options)
@@ -167,9 +55,7 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
     configs, env = session_settings(spec, options)
     if spec.spark.session == "shared":
         return _run_shared(spec, configs, env, options, files)
-    from emr_ray.cluster.jobs import warm
-
-    warm.release_idle(_cpus(spec))  # idle warm pools give way to this job's executors
+    warm.release_idle(spark_session.cpus(spec.spark))  # idle warm pools give way to this job's executors
     os.environ.update(env)  # read by the JVM raydp starts next
     spark = start_spark(spec.spark.app_name, spec.spark, configs)
     _usage.lap("spark_start")
@@ -182,63 +68,14 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
         _usage.lap("spark_stop")
 
 
-def session_settings(
-    spec: SparkJobSpec, options: storage.StorageOptions
-) -> tuple[dict[str, str], dict[str, str]]:
-    """The Spark settings of this job's session and the environment its JVM needs (no secrets: COS keys
-    go to each call's Spark tasks, :func:`read_partition` and :func:`write_output`)."""
-    hadoop = storage.spark_hadoop_configs([spec.input_uri, spec.output_uri], options)
-    if hadoop:
-        log.info("hdfs:// goes to WebHDFS at %s (ViewFileSystemOverloadScheme)",
-                 storage.webhdfs_address(spec.input_uri if spec.input_uri.startswith("hdfs:") else spec.output_uri,
-                                         options))  # fmt: skip
-    env: dict[str, str] = {}
-    if options.hdfs_user:
-        env["HADOOP_USER_NAME"] = os.environ.get("HADOOP_USER_NAME", options.hdfs_user)
-        hadoop["spark.executorEnv.HADOOP_USER_NAME"] = options.hdfs_user
-    return spark_configs({**hadoop, **spec.spark.configs}), env
-
-
-def start_spark(app_name: str, settings: SparkSettings, configs: dict[str, str]):  # noqa: ANN201 - SparkSession
-    import raydp
-
-    started = time.monotonic()
-    spark = raydp.init_spark(
-        app_name=app_name,
-        num_executors=settings.num_executors,
-        executor_cores=settings.executor_cores,
-        executor_memory=settings.executor_memory,
-        placement_group_strategy=settings.placement_group_strategy,
-        configs=configs,
-    )
-    log.info("Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each", time.monotonic() - started,
-             settings.num_executors, settings.executor_cores, settings.executor_memory)  # fmt: skip
-    return spark
-
-
-def _cpus(spec: SparkJobSpec) -> float:
-    return float(spec.spark.num_executors * spec.spark.executor_cores)
-
-
 def _run_shared(
     spec: SparkJobSpec, configs: dict[str, str], env: dict[str, str], options: storage.StorageOptions,
     files: list[str],
 ) -> dict[str, Any]:  # fmt: skip
     import ray
 
-    from emr_ray.cluster.jobs import spark_session
-
-    settings = {
-        "num_executors": spec.spark.num_executors,
-        "executor_cores": spec.spark.executor_cores,
-        "executor_memory": spec.spark.executor_memory,
-        "placement_group_strategy": spec.spark.placement_group_strategy,
-    }
-    out = spark_session.run_shared(
-        spec.to_dict(), settings, configs, env, options, files,
-        idle_timeout_s=spec.spark.idle_timeout_s,
-        job_runtime_env=ray.get_runtime_context().runtime_env,
-    )  # fmt: skip
+    out = spark_session.run_shared(spec, configs, env, options, files,
+                                   job_runtime_env=ray.get_runtime_context().runtime_env)  # fmt: skip
     session = out["session"]
     for line in out["log"]:  # the call's progress, in this job's log (and so in the task log)
         print(line, flush=True)
@@ -250,91 +87,6 @@ def _run_shared(
     result = dict(out["result"])
     result["spark_session"] = {k: session[k] for k in ("name", "calls", "reused", "start_seconds")}
     return result
-
-
-def preprocess_partition(
-    spark: Any,
-    spec: SparkJobSpec,
-    options: storage.StorageOptions,
-    files: list[str],
-    *,
-    lap: Callable[[str], None],
-) -> dict[str, Any]:
-    """Read the validated ``files`` in ``spark``, preprocess, write a new generation and commit it (an
-    uncommitted one is removed). The same steps in a job's own session and in a shared one."""
-    partition, input_uri, output_uri, config = spec.partition, spec.input_uri, spec.output_uri, spec.config
-    preprocess = import_by_path(spec.preprocess)
-    generation = partitions.new_generation()
-    committed = None
-    cached: list[Any] = []  # a shared session serves the next partition: free its memory for that
-    try:
-        df = read_partition(spark, input_uri, files, options).cache()
-        cached.append(df)
-        validate_columns(df, config.get("required_columns", []), input_uri)
-        _raise_if(value_problems(df, config.get("finite_columns", [])), input_uri)
-        rows_in = df.count()
-        log.info("Read %d rows from %s", rows_in, input_uri)
-        lap("read")
-        if rows_in == 0:
-            raise JobInputError(f"Input partition {input_uri} has 0 rows; nothing to preprocess.")
-        outputs = preprocess(df, config)
-        if not isinstance(outputs, dict):
-            outputs = {"data": outputs}
-        written: dict[str, Any] = {}
-        for name, out in outputs.items():
-            out = out.cache()
-            cached.append(out)
-            rows = out.count()
-            lap("compute")
-            write_output(out, partitions.output_uri(output_uri, generation, name), options)
-            lap("write")
-            written[name] = {"rows": rows,
-                             "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
-            log.info("Wrote output %r: %d rows", name, rows)
-        manifest = {
-            "partition": partition,
-            "input_uri": input_uri,
-            "input_files": input_file_sizes(files, input_uri, options),
-            "rows_in": rows_in,
-            "outputs": written,
-            "producer": spec.identity,
-            "preprocess": spec.preprocess,
-        }
-        committed = partitions.commit(output_uri, generation, manifest, options, keep=spec.keep_generations)
-        lap("commit")
-    finally:
-        for frame in cached:
-            try:
-                frame.unpersist()
-            except Exception as e:  # a broken session: the error that broke it is the one to report
-                log.warning("Could not unpersist a cached DataFrame: %s", e)
-        if committed is None:
-            partitions.discard(output_uri, generation, options)
-    return {
-        "partition": partition,
-        "input_uri": input_uri,
-        "output_uri": output_uri,
-        "generation": generation,
-        "superseded_by": committed.superseded_by,
-        "rows_in": rows_in,
-        "rows_out": {name: item["rows"] for name, item in written.items()},
-        "outputs": {name: committed.output_uri(name) for name in written},
-    }
-
-
-def input_file_sizes(files: list[str], uri: str, options: storage.StorageOptions) -> list[list[Any]]:
-    """The input files with their sizes, recorded in the manifest: which raw data made this generation."""
-    fsys = storage.filesystem(uri, options)
-    return [[info.path, info.size] for info in fsys.get_file_info(files)]
-
-
-def _raise_if(problems: list[str], uri: str) -> None:
-    if problems:
-        raise JobInputError(
-            f"Input partition {uri} failed validation: "
-            + "; ".join(problems)
-            + ". Fix the producer (or the step's declared schema) and rerun; nothing was written."
-        )
 
 
 if __name__ == "__main__":

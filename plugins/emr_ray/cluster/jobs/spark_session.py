@@ -4,7 +4,9 @@ Starting Spark on Ray costs a job about 18 s before its first row (``raydp.init_
 first action's executor Python workers 8 s; ``bench/results/SUMMARY.md``), whatever the partition's
 size. With ``session="shared"`` the preprocessing job hands its partition to a warm session instead:
 a detached actor that holds one RayDP session and runs each job's read -> preprocess -> write ->
-commit in it (:func:`emr_ray.cluster.jobs.spark.preprocess_partition`, the same code as a job's own session).
+commit in it (:func:`emr_ray.cluster.jobs.spark_steps.preprocess_partition`, the same code as a job's own
+session). Its lifecycle is every warm pool's (:mod:`emr_ray.cluster.jobs.warm_actor`); this module has the
+session's own part: start Spark, run a partition's steps, stop Spark.
 
 **Lifecycle.**
 
@@ -14,7 +16,8 @@ commit in it (:func:`emr_ray.cluster.jobs.spark.preprocess_partition`, the same 
   configuration share its sessions; a job with another configuration (other code, other executors)
   gets its own: never a mix. A session serves one job at a time: a job that finds every replica busy
   waits for one at most as long as it took to start, then starts another if the cluster has room,
-  and waits for one otherwise (:func:`emr_ray.cluster.jobs.warm.serve`).
+  and waits for one otherwise (:func:`emr_ray.cluster.jobs.warm.serve`). The job holds the session's
+  lease for its call; the call runs in the session, which finishes it even if the job is killed.
 - *Idle timeout.* A session that ran nothing for ``idle_timeout_s`` stops Spark and exits, freeing its
   executors.
 - *Gives way to work that needs the cluster.* A job that cannot be placed because idle sessions hold
@@ -34,20 +37,21 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping
+from itertools import count
 from typing import Any
 
-from emr_ray.cluster.jobs import warm
-from emr_ray.cluster.jobs.warm import CallLog
+from emr_ray.cluster import storage
+from emr_ray.cluster.jobs import warm, warm_actor
+from emr_ray.cluster.jobs.spark_steps import preprocess_partition, start_spark
+from emr_ray.cluster.spec import SparkJobSpec, SparkSettings
 
 log = logging.getLogger("emr_ray.cluster.jobs.spark_session")
 
 #: the Ray namespace of the shared Spark sessions (one detached actor per configuration)
 NAMESPACE = "emr_ray_spark_sessions"
 NAME_PREFIX = warm.POOLS[NAMESPACE]
-SessionRetired = warm.PoolRetired
 session_runtime_env = warm.pool_runtime_env
 
 
@@ -63,200 +67,96 @@ def session_key(
     return warm.pool_key(NAME_PREFIX, payload)
 
 
-class WarmSpark:
-    """The session actor's body (plain class: :func:`actor_class` makes it a Ray actor lazily)."""
+def cpus(settings: SparkSettings) -> float:
+    """The CPUs a session's executors hold."""
+    return float(settings.num_executors * settings.executor_cores)
 
-    def __init__(self, name: str, settings: dict[str, Any], configs: dict[str, str], env: dict[str, str],
-                 idle_timeout_s: float) -> None:  # fmt: skip
+
+class WarmSpark(warm_actor.WarmActor):
+    """A warm Spark session: one RayDP session, and a partition's steps run in it per call."""
+
+    NAMESPACE = NAMESPACE
+    WHAT = "Shared Spark session"
+    MAX_CONCURRENCY = 16
+    LAPSE_RETIRES = False  # its calls run in it: once they end, a killed job's lease leaves it sound
+
+    def __init__(self, name: str, settings: SparkSettings, configs: dict[str, str], env: dict[str, str],
+                 idle_timeout_s: float, **lifecycle: Any) -> None:  # fmt: skip
+        self.settings, self.configs, self.env = settings, configs, env
+        super().__init__(name, idle_timeout_s, **lifecycle)
+
+    def start(self) -> None:
+        os.environ.update(self.env)  # e.g. HADOOP_USER_NAME, read by the JVM raydp starts next
+        self.spark = start_spark(f"emr-ray-shared-{self.name}", self.settings, self.configs)
+
+    def stop(self) -> None:
         import raydp
 
-        os.environ.update(env)  # e.g. HADOOP_USER_NAME, read by the JVM raydp starts next
-        self.name = name
-        self.idle_timeout_s = warm.idle_timeout(name, idle_timeout_s)
-        started = time.monotonic()
-        self.spark = raydp.init_spark(
-            app_name=f"emr-ray-shared-{name}",
-            num_executors=settings["num_executors"],
-            executor_cores=settings["executor_cores"],
-            executor_memory=settings["executor_memory"],
-            placement_group_strategy=settings.get("placement_group_strategy"),
-            configs=configs,
-        )
-        self.start_seconds = round(time.monotonic() - started, 2)
-        self.cpus = float(settings["num_executors"]) * float(settings["executor_cores"])
-        self.calls = 0
-        self.busy = False
-        self.retired = False
-        self.last_used = time.monotonic()
-        self._cond = threading.Condition()  # guards busy/retired; a waiting call is woken at the end of one
-        threading.Thread(target=self._watch_idle, name="idle-timeout", daemon=True).start()
-        log.info("Shared Spark session %s started in %.1fs", name, self.start_seconds)
+        raydp.stop_spark()
+
+    def figures(self) -> dict[str, Any]:
+        return {"cpus": cpus(self.settings)}
 
     def run(
-        self, spec_payload: dict[str, Any], options: Any, files: list[str], wait_s: float = 0.0
+        self, lease: str, spec: SparkJobSpec, options: storage.StorageOptions, files: list[str]
     ) -> dict[str, Any]:
-        """Preprocess one partition in this session; the job's result plus the session's own figures.
-        A busy session is waited for up to ``wait_s``, at most its own start-up time (what another
-        session would cost)."""
+        """Preprocess one partition in this session (the lease holder's call); the job's result, the
+        call's log lines and phases, and when it ran."""
         from emr_ray.cluster.jobs import _usage
-        from emr_ray.cluster.jobs._runtime import INPUT_ERRORS
-        from emr_ray.cluster.jobs.spark import preprocess_partition
-        from emr_ray.cluster.spec import SparkJobSpec
 
-        with self._cond:
-            warm.wait_while(
-                self._cond, lambda: self.busy and not self.retired, min(wait_s, self.start_seconds)
-            )
-            if self.retired:
-                raise SessionRetired(f"Spark session {self.name} is stopping")
-            if self.busy:
-                raise warm.PoolBusy(f"Spark session {self.name} is serving another job")
-            self.busy = True
-        recorder = _usage.Recorder()
-        began = time.time()
-        lines = CallLog.attach()
-        try:
-            result = preprocess_partition(self.spark, SparkJobSpec.from_dict(spec_payload), options, files,
-                                          lap=recorder.lap)  # fmt: skip
-        except INPUT_ERRORS:
-            raise  # the input's fault: the session is fine
-        except BaseException:
-            self.retired = True  # never reuse a context that just failed
-            raise
-        finally:
-            CallLog.detach()
-            with self._cond:
-                self.calls += 1
-                self.last_used = time.monotonic()
-                self.busy = False
-                self._cond.notify_all()
-            if self.retired:
-                threading.Thread(target=self._stop, daemon=True).start()
-        return {
-            "result": result,
-            "log": lines,  # the job prints them: the task log shows the call's progress
-            "phases": recorder.phases,
-            "session": {
-                "name": self.name,
-                "calls": self.calls,
-                "reused": self.calls > 1,
-                "start_seconds": self.start_seconds,
-                "cpus": self.cpus,
-                "call_started_at": began,
-                "call_ended_at": time.time(),
-            },  # fmt: skip
-        }
-
-    def release_if_idle(self) -> bool:
-        """Stop Spark and exit if no call is running (another job needs the cluster's CPUs)."""
-        with self._cond:
-            if self.busy or self.retired:
-                return False
-            self.retired = True
-        threading.Thread(target=self._stop, daemon=True).start()
-        return True
-
-    def _watch_idle(self) -> None:
-        while True:
-            time.sleep(min(5.0, max(self.idle_timeout_s / 4, 0.5)))
-            with self._cond:
-                if self.retired:
-                    return  # stopped by a failed call or a release
-                if not self.busy and time.monotonic() - self.last_used > self.idle_timeout_s:
-                    self.retired = True
-                    break
-        log.info("Shared Spark session %s: idle for %.0fs, stopping", self.name, self.idle_timeout_s)
-        self._stop()
-
-    def _stop(self) -> None:
-        import ray
-        import raydp
-
-        with self._cond:
+        with self.holding(lease):
+            recorder = _usage.Recorder()
+            began = time.time()
+            lines = warm.CallLog.attach()
             try:
-                raydp.stop_spark()
-            except Exception as e:  # exiting anyway
-                log.warning("Stopping the shared Spark session %s: %s", self.name, e)
-            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-
-
-_ACTOR: Any = None
-
-
-def actor_class() -> Any:
-    """:class:`WarmSpark` as a Ray actor: threaded, so ``release_if_idle`` answers during a call."""
-    global _ACTOR
-    if _ACTOR is None:
-        import ray
-
-        _ACTOR = ray.remote(  # type: ignore[call-overload]  # concurrency_groups: actors only
-            num_cpus=0,  # its executors hold the CPUs, as a job's own session's do
-            max_restarts=0,
-            max_concurrency=16,  # a call that waits for the busy session holds a thread, never the queue
-            concurrency_groups={"control": 1},
-        )(WarmSpark)
-    return _ACTOR
-
-
-def _options(name: str, runtime_env: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "namespace": NAMESPACE, "lifetime": "detached", "get_if_exists": True,
-            "runtime_env": runtime_env}  # fmt: skip
+                result = preprocess_partition(self.spark, spec, options, files, lap=recorder.lap)
+            finally:
+                warm.CallLog.detach()
+        return {"result": result, "log": lines, "phases": recorder.phases, "call_started_at": began,
+                "call_ended_at": time.time()}  # fmt: skip
 
 
 def run_shared(
-    spec_payload: dict[str, Any],
-    settings: dict[str, Any],
-    configs: dict[str, str],
-    env: dict[str, str],
-    options: Any,
-    files: list[str],
-    *,
-    idle_timeout_s: float,
-    job_runtime_env: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Run the preprocessing of ``spec_payload`` in the shared session for this configuration,
-    on a free replica, or a new one when all are busy and the cluster has room (else it waits);
-    in a fresh one if the session died or was stopping."""
+    spec: SparkJobSpec, configs: dict[str, str], env: dict[str, str], options: storage.StorageOptions,
+    files: list[str], *, job_runtime_env: Mapping[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Run the preprocessing of ``spec`` in the shared session for this configuration, on a free
+    replica, or a new one when all are busy and the cluster has room (else it waits); in a fresh one
+    if the session died during the call. A call that fails but for bad input retires its session."""
     import ray
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
     from emr_ray.cluster.jobs._runtime import INPUT_ERRORS
 
     runtime_env = session_runtime_env(job_runtime_env)
+    settings = {k: getattr(spec.spark, k)
+                for k in ("num_executors", "executor_cores", "executor_memory", "placement_group_strategy")}  # fmt: skip
     key = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env)
-    cpus = float(settings["num_executors"]) * float(settings["executor_cores"])
-    gone: list[str] = []
-
-    def attempt(name: str, wait_s: float) -> dict[str, Any] | None:
-        handle = (
-            actor_class()
-            .options(**_options(name, runtime_env))
-            .remote(name, settings, configs, env, idle_timeout_s)
-        )
-        try:
-            return ray.get(handle.run.remote(spec_payload, options, files, wait_s))
-        except RayTaskError as e:
-            if isinstance(e.cause, warm.PoolBusy):
-                return None
-            if isinstance(e.cause, SessionRetired):
-                warm.wait_gone(name, NAMESPACE)
-                return None
-            if isinstance(e.cause, INPUT_ERRORS):
-                raise e.cause from None  # bad input: its own message, exit 2 (no retry)
-            raise  # anything else with the session's traceback
-        except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
-            gone.append(name)
-            if len(gone) > 2:
-                raise
-            log.warning("Shared Spark session %s is gone (%s); preprocessing in a fresh one", name, e)
-            warm.wait_gone(name, NAMESPACE)
-            return None
-
-    out = warm.serve(NAMESPACE, key, cpus, attempt, what="Spark session", one_per_job=True)
-    session = out["session"]
-    log.info("Shared Spark session %s: call %d (%s)", session["name"], session["calls"],
-             "warm" if session["reused"] else f"started in {session['start_seconds']:.1f}s")  # fmt: skip
-    return out
+    args = (spec.spark, configs, env, spec.spark.idle_timeout_s)
+    for died in count(1):
+        with warm_actor.lease(
+            WarmSpark, key, cpus(spec.spark), args, runtime_env, one_per_job=True
+        ) as session:
+            try:
+                out = ray.get(session.actor.run.remote(session.token, spec, options, files))
+                break
+            except ray.exceptions.RayTaskError as e:
+                if isinstance(e.cause, INPUT_ERRORS):
+                    raise e.cause from None  # bad input: its own message, exit 2 (no retry); the session is fine
+                session.retire()  # never reuse a context that just failed
+                raise  # with the session's traceback
+            except ray.exceptions.RayActorError as e:
+                if died > 2:
+                    raise
+                log.warning(
+                    "Shared Spark session %s is gone (%s); preprocessing in a fresh one", session.name, e
+                )
+        warm.wait_gone(session.name, NAMESPACE)
+    figures = {"name": session.name, "calls": session.calls, "reused": session.info["calls"] > 0,
+               "start_seconds": session.info["start_seconds"], "cpus": session.info["cpus"]}  # fmt: skip
+    log.info("Shared Spark session %s: call %d (%s)", session.name, session.calls,
+             "warm" if figures["reused"] else f"started in {session.info['start_seconds']:.1f}s")  # fmt: skip
+    return {"result": out["result"], "log": out["log"], "phases": out["phases"],
+            "session": figures | {k: out[k] for k in ("call_started_at", "call_ended_at")}}  # fmt: skip
 
 
 def sessions() -> list[str]:

@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from emr_ray.cluster import partitions, storage
 from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group, warm
@@ -121,11 +121,18 @@ def input_manifests(
     }
 
 
+class NamedRun(Protocol):
+    """A job spec with a run name (the training and the RLlib job's specs)."""
+
+    @property
+    def run_name(self) -> str: ...
+
+
 def resume_state(
-    spec: TrainJobSpec, run_state: RunState, print_key: str, *, force: bool = False
+    spec: NamedRun, run_state: RunState, print_key: str, *, force: bool = False
 ) -> dict[str, Any]:
     """The stored state to continue from: kept when the inputs are the same, cleared otherwise
-    (and always cleared when recomputation is forced)."""
+    (and always cleared when recomputation is forced). The training and the RLlib job's rule."""
     state = run_state.read()
     if state and force:
         log.info("Recomputation forced: discarding the stored run %s.", spec.run_name)
@@ -244,8 +251,12 @@ def result_of(spec: TrainJobSpec, fitted: Fitted, mlflow_run_id: str, rows: dict
     }
 
 
-def run(spec: TrainJobSpec) -> dict[str, Any]:
+def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
+    """Train (or return the stored result); ``usage``: who logs the job's usage afterwards, told here
+    when a warm group's rank 0 does."""
     import ray
+
+    usage = usage or UsageLog()
 
     options = spec.storage.options()
     import_by_path(spec.train_loop)
@@ -292,8 +303,7 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
         # its rank 0 starts the run within the lease: this driver imports no MLflow (jobs/train_warm.py)
         trainer = WarmTrainer(spec, plan, options, ray.get_runtime_context().runtime_env,
                               resume_run_id=resuming, on_run_started=record_run)  # fmt: skip
-        global _usage_logger
-        _usage_logger = trainer.log_usage
+        usage.by(trainer.log_usage)
     else:
         record_run(mlflow_run_id := tracking.start_run(spec, resuming))
         if resuming:
@@ -312,15 +322,21 @@ def run(spec: TrainJobSpec) -> dict[str, Any]:
     return output
 
 
-#: who logs the job's usage on its MLflow run: this driver, or on the warm path the group's rank 0
-#: (set by :func:`run`), so that the driver imports no MLflow
-_usage_logger: Callable[[TrainJobSpec, dict[str, Any]], None] = tracking.log_usage
+class UsageLog:
+    """The job's ``after`` (:func:`emr_ray.cluster.jobs._runtime.main`): its usage on its MLflow run,
+    logged by this driver, or on the warm path by the group's rank 0 (:func:`run` says so), so that
+    the driver imports no MLflow."""
 
+    def __init__(self) -> None:
+        self.logger: Callable[[TrainJobSpec, dict[str, Any]], None] = tracking.log_usage
 
-def record_usage(spec: TrainJobSpec, result: dict[str, Any]) -> None:
-    """The job's ``after`` (:func:`emr_ray.cluster.jobs._runtime.main`): its usage on its MLflow run."""
-    _usage_logger(spec, result)
+    def by(self, logger: Callable[[TrainJobSpec, dict[str, Any]], None]) -> None:
+        self.logger = logger
+
+    def __call__(self, spec: TrainJobSpec, result: dict[str, Any]) -> None:
+        self.logger(spec, result)
 
 
 if __name__ == "__main__":
-    main(run, spec_type=TrainJobSpec, after=record_usage, fast_exit=True)
+    usage = UsageLog()
+    main(lambda spec: run(spec, usage), spec_type=TrainJobSpec, after=usage, fast_exit=True)

@@ -7,14 +7,15 @@ a warm group instead: a detached coordinator actor (:class:`WarmTrainGroup`) tha
 :class:`TrainWorker` actor per rank, torch imported and the process group joined once, and runs
 each job's loop on them. The loop is the same code (it sees the group through :mod:`emr_ray.cluster.train`).
 
-**Lifecycle** (shared with the Spark sessions: :mod:`emr_ray.cluster.jobs.warm`)
+**Lifecycle** (every warm pool's: :mod:`emr_ray.cluster.jobs.warm_actor`; this module has the group's own
+part: start the workers, run a call on them, stop them)
 
 - *One per configuration*: the name hashes the scaling (workers, GPUs, resources, placement) and the
   job's runtime_env less per-job variables (shipped code, packages, Python). Other code, another group.
 - *One job at a time per group*: a job takes a group's lease; another job with the same
   configuration takes a free replica, or waits for a busy one at most its start-up time, then starts
   one if the cluster has room, or waits (:func:`emr_ray.cluster.jobs.warm.serve`). The lease holder's job
-  beats every poll; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job was killed) retires the
+  beats it from a thread of its own; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job was killed) retires the
   group, so an abandoned loop never runs on; until then no other job trains the same run
   (:func:`wait_for_abandoned_calls`): one writer per run.
 - *Idle timeout*, *gives way* to jobs that need its CPUs (``release_if_idle``), like a Spark session.
@@ -30,24 +31,22 @@ each job's loop on them. The loop is the same code (it sees the group through :m
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from emr_ray.cluster.jobs import warm
-from emr_ray.cluster.spec import worker_resources
+from emr_ray.cluster.jobs import warm, warm_actor
+from emr_ray.cluster.jobs.warm_actor import LEASE_TIMEOUT_S
+from emr_ray.cluster.spec import ScalingSpec, worker_resources
 
 log = logging.getLogger("emr_ray.cluster.jobs.train_group")
 
 NAMESPACE = "emr_ray_train_groups"
 NAME_PREFIX = warm.POOLS[NAMESPACE]
-#: a lease whose job has not polled for this long is abandoned (the job was killed)
-LEASE_TIMEOUT_S = 30.0
 #: how long a training job waits for an abandoned call on its run to end (lease lapse, then retirement)
 ABANDONED_WAIT_S = LEASE_TIMEOUT_S + 30.0
 #: how long a new group waits for its workers' resources before it gives up
@@ -69,8 +68,8 @@ def group_key(scaling: Mapping[str, Any], runtime_env: Mapping[str, Any]) -> str
 
 
 def bundle(scaling: Mapping[str, Any]) -> dict[str, float]:
-    """One worker's placement bundle: :func:`emr_ray.cluster.spec.worker_resources`, the rule Ray
-    Train and the cluster check use (with ``use_gpu``, 1 GPU and no CPU unless asked)."""
+    """One worker's placement bundle for a scaling as a mapping: :func:`emr_ray.cluster.spec.worker_resources`,
+    the rule Ray Train and the cluster check use (the group itself reads ``ScalingSpec.per_worker``)."""
     return worker_resources(scaling.get("resources_per_worker"), bool(scaling.get("use_gpu")))
 
 
@@ -128,12 +127,10 @@ class TrainWorker:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 resume_dir = train_checkpoints.download(fsys, resume_path, tmp) if resume_path else None
-                emr_train._warm = emr_train.WarmCall(self.rank, self.world_size, self.device, options, resume_dir,
+                context = emr_train.WarmGroupContext(self.rank, self.world_size, self.device, options, resume_dir,
                                                      report)  # fmt: skip
-                try:
+                with emr_train.running_in(context):
                     import_by_path(train_loop)(config)
-                finally:
-                    emr_train._warm = None
         finally:
             warm.CallLog.detach()
         return {"log": lines, "reports": len(self.reports)}
@@ -182,157 +179,143 @@ class TrainWorker:
         return self.reports[seen:] if call == self.call else []
 
 
-class WarmTrainGroup:
-    """The group's coordinator (a detached actor): owns the workers, the lease and the idle timeout."""
+class WarmTrainGroup(warm_actor.WarmActor):
+    """The group's coordinator (a detached actor): owns the workers; the lease is the base's."""
 
-    def __init__(self, name: str, scaling: dict[str, Any], idle_timeout_s: float) -> None:
+    NAMESPACE = NAMESPACE
+    WHAT = "Warm worker group"
+
+    def __init__(self, name: str, scaling: ScalingSpec, idle_timeout_s: float, **lifecycle: Any) -> None:
+        self.scaling = scaling
+        super().__init__(name, idle_timeout_s, **lifecycle)
+
+    def start(self) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        started = time.monotonic()
-        self.name, self.idle_timeout_s = name, warm.idle_timeout(name, idle_timeout_s)
-        workers = int(scaling["num_workers"])
-        resources = bundle(scaling)
+        workers, resources = self.scaling.num_workers, self.scaling.per_worker()
         # a placement group made by a detached actor lives as long as that actor: no leak when it is killed
-        self.placement = placement_group(
-            [resources] * workers, strategy=scaling.get("placement_strategy", "PACK")
-        )
+        self.placement = placement_group([resources] * workers, strategy=self.scaling.placement_strategy)
         ready_ref, deadline = self.placement.ready(), time.monotonic() + PLACEMENT_TIMEOUT_S
         while not ray.wait([ready_ref], timeout=2.0)[0]:
             if time.monotonic() > deadline:
                 ray.util.remove_placement_group(self.placement)
-                raise RuntimeError(f"Warm worker group {name}: {workers} x {resources} not placeable in "
+                raise RuntimeError(f"Warm worker group {self.name}: {workers} x {resources} not placeable in "
                                    f"{PLACEMENT_TIMEOUT_S:.0f}s; the cluster lacks the resources.")  # fmt: skip
             # a pool that was busy when this group was asked for may be idle now: it gives way
-            warm.release_idle(resources["CPU"] * workers, keep=name)
+            warm.release_idle(self.scaling.cpus, keep=self.name)
         extra = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
         worker_class = ray.remote(max_restarts=0, concurrency_groups={"control": 1})(TrainWorker)  # type: ignore[call-overload]
         self.workers = [
             worker_class.options(
                 num_cpus=resources.get("CPU", 0.0), num_gpus=resources.get("GPU", 0), resources=extra or None,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
-            ).remote(rank, workers, bool(scaling.get("use_gpu")))
+            ).remote(rank, workers, self.scaling.use_gpu)
             for rank in range(workers)
         ]  # fmt: skip
         master, port = ray.get(self.workers[0].address.remote())
         ray.get([worker.join.remote(master, port) for worker in self.workers])
-        self.start_seconds = round(time.monotonic() - started, 2)
-        self.cpus = resources.get("CPU", 0.0) * workers
-        self.gpus = resources.get("GPU", 0.0) * workers
-        self.calls = 0
-        self.lease: str | None = None
-        self.run_uri: str | None = None  # the leased call's run: its checkpoints' folder
-        self.beat = time.monotonic()
-        self.retired = False
-        self.last_used = time.monotonic()
-        self._cond = threading.Condition()
-        threading.Thread(target=self._watch, name="idle-and-lease", daemon=True).start()
-        log.info("Warm worker group %s: %d worker(s) ready in %.1fs", name, workers, self.start_seconds)
 
-    def acquire(self, wait_s: float, run_uri: str | None = None) -> dict[str, Any] | None:
-        """The lease (for a call on ``run_uri``) and the workers, or None if another job still holds
-        the lease after ``wait_s``, at most this group's own start-up time (what another would cost)."""
-        with self._cond:
-            warm.wait_while(
-                self._cond,
-                lambda: self.lease is not None and not self.retired,
-                min(wait_s, self.start_seconds),
-            )
-            if self.retired:
-                raise warm.PoolRetired(f"Warm worker group {self.name} is stopping")
-            if self.lease is not None:
-                return None
-            self.lease, self.beat, self.run_uri = uuid.uuid4().hex, time.monotonic(), run_uri
-            return {"lease": self.lease, "workers": self.workers, "calls": self.calls,
-                    "start_seconds": self.start_seconds, "cpus": self.cpus, "gpus": self.gpus}  # fmt: skip
-
-    def heartbeat(self, lease: str) -> bool:
-        with self._cond:
-            if lease != self.lease:
-                return False
-            self.beat = time.monotonic()
-            return True
-
-    def finish(self, lease: str, ok: bool) -> int:
-        """End the lease; a failed call retires the group. Returns the calls served."""
-        with self._cond:
-            if lease == self.lease:
-                self.lease, self.run_uri = None, None
-                self.calls += 1
-                self.last_used = time.monotonic()
-                if not ok:
-                    self.retired = True
-            self._cond.notify_all()
-            stop = self.retired
-        if stop:
-            threading.Thread(target=self._stop, daemon=True).start()
-        return self.calls
-
-    def serving(self) -> str | None:
-        """The run whose call holds the lease (None when idle)."""
-        with self._cond:
-            return self.run_uri if self.lease is not None else None
-
-    def release_if_idle(self) -> bool:
-        """Stop and exit if no job holds the lease (another job needs the cluster's CPUs)."""
-        with self._cond:
-            if self.lease is not None or self.retired:
-                return False
-            self.retired = True
-            self._cond.notify_all()
-        threading.Thread(target=self._stop, daemon=True).start()
-        return True
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(min(5.0, max(self.idle_timeout_s / 4, 0.5)))
-            with self._cond:
-                if self.retired:
-                    return
-                now = time.monotonic()
-                if self.lease is not None and now - self.beat > LEASE_TIMEOUT_S:
-                    reason = f"its job stopped polling {now - self.beat:.0f}s ago"
-                elif self.lease is None and now - self.last_used > self.idle_timeout_s:
-                    reason = f"idle for {self.idle_timeout_s:.0f}s"
-                else:
-                    continue
-                self.retired = True
-                self._cond.notify_all()
-            log.info("Warm worker group %s: %s, stopping", self.name, reason)
-            self._stop()
-            return
-
-    def _stop(self) -> None:
+    def stop(self) -> None:
         import ray
 
-        for worker in self.workers:
+        for worker in self.workers:  # the actor's exit takes its placement group with it
             ray.kill(worker, no_restart=True)
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)  # its placement group goes with it
 
+    def figures(self) -> dict[str, Any]:
+        resources, workers = self.scaling.per_worker(), self.scaling.num_workers
+        return {
+            "workers": self.workers,
+            "cpus": self.scaling.cpus,
+            "gpus": resources.get("GPU", 0.0) * workers,
+        }
 
-_ACTOR: Any = None
-
-
-def actor_class() -> Any:
-    """:class:`WarmTrainGroup` as a Ray actor: threaded, so a waiting ``acquire`` blocks nothing else."""
-    global _ACTOR
-    if _ACTOR is None:
+    def broken(self, timeout_s: float = 30.0) -> str | None:
+        """A group is leased only when every worker answers (one may die while idle: an OOM kill, a
+        lost node); a dead one's call fails at once, a hung one times out."""
         import ray
 
-        _ACTOR = ray.remote(  # type: ignore[call-overload]  # concurrency_groups: actors only
-            num_cpus=0,  # its workers hold the CPUs
-            max_restarts=0,
-            max_concurrency=8,
-            concurrency_groups={"control": 1},
-        )(WarmTrainGroup)
-    return _ACTOR
+        try:
+            ray.get(
+                [w.alive.options(concurrency_group="control").remote() for w in self.workers],
+                timeout=timeout_s,
+            )
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return "lost a worker while idle"
+        return None
+
+
+@dataclass
+class GroupCall:
+    """One job's call on a leased group: rank 0's steps beside the loop, the loop, rank 0's last step.
+    A failure that may leave the workers broken retires the group (:meth:`warm_actor.Replica.retire`)."""
+
+    group: warm_actor.Replica
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def rank0(self) -> Any:
+        return self.group.info["workers"][0]
+
+    def step(self, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+        """``fn`` on rank 0 beside the loop (:meth:`TrainWorker.mlflow_step`); its errors are the job's,
+        raised as they are (a refused login is a JobInputError: exit 2)."""
+        import ray
+
+        ref = self.rank0.mlflow_step.options(concurrency_group="control").remote(fn, kwargs, env)
+        try:
+            return self._on_rank0(ref, GroupFailed, "rank 0 died")
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, Exception):
+                raise e.cause from e
+            raise
+
+    def after_fit(self, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+        """``fn`` on rank 0 once the loop has succeeded (:meth:`TrainWorker.after_fit`); its value."""
+        ref = self.rank0.after_fit.remote(self.group.token, fn, kwargs, env)
+        done = self._on_rank0(ref, Rank0Lost, "rank 0 died after the loop")
+        self.log.extend(done["log"])
+        return done["value"]
+
+    def _on_rank0(self, ref: Any, lost: type[Exception], what: str) -> Any:
+        import ray
+
+        try:
+            return ray.get(ref)  # the lease is beaten meanwhile: a slow MLflow does not lapse it
+        except ray.exceptions.RayActorError as e:
+            self.group.retire()
+            raise lost(f"Warm worker group {self.group.name}: {what}: {e}") from e
+
+    def loop(self, train_loop: str, config: dict[str, Any], options: Any, run_uri: str, resume: str | None,
+             on_report: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+        """Run ``train_loop`` on every worker; ``on_report`` gets rank 0's reports as they come."""
+        import ray
+
+        call, workers = self.group.token, self.group.info["workers"]
+        refs = [w.run.remote(call, train_loop, config, options, run_uri, resume) for w in workers]
+        pending, seen = list(refs), 0
+        while True:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            try:  # a worker's loop failed, or rank 0 died between two waits (its reports lost with it)
+                ray.get(done)
+                reports = ray.get(
+                    self.rank0.reports_since.options(concurrency_group="control").remote(call, seen)
+                )
+            except Exception as e:
+                raise GroupFailed(f"Warm worker group {self.group.name}: a worker failed: {e}") from e
+            seen += len(reports)
+            for report in reports:
+                on_report(report)
+            if not pending:
+                break
+        self.log = ray.get(refs)[0]["log"]
 
 
 def fit_shared(
     train_loop: str,
     config: dict[str, Any],
-    scaling: dict[str, Any],
+    scaling: ScalingSpec,
     options: Any,
     run_uri: str,
     *,
@@ -348,140 +331,31 @@ def fit_shared(
     group's figures for the call. Raises :class:`GroupFailed` (group retired) when a worker fails.
 
     ``before(step)``, when given, runs once the lease is taken, before the loop: ``step(fn, kwargs, env)``
-    runs ``fn`` on rank 0 beside the loop (:meth:`TrainWorker.mlflow_step`), and ``before`` may keep
-    it for ``on_report`` until this call returns. Its errors are the job's: the group stays sound
-    (one that loses rank 0 raises :class:`GroupFailed`).
+    runs ``fn`` on rank 0 beside the loop (:meth:`GroupCall.step`), and ``before`` may keep it for
+    ``on_report`` until this call returns. Its errors are the job's: the group stays sound (one that
+    loses rank 0 raises :class:`GroupFailed`).
 
     ``after(run_on_rank0)``, when given, runs once the loop has succeeded, still within the lease:
-    ``run_on_rank0(fn, kwargs, env)`` runs ``fn`` on rank 0 (:meth:`TrainWorker.after_fit`) and returns
+    ``run_on_rank0(fn, kwargs, env)`` runs ``fn`` on rank 0 (:meth:`GroupCall.after_fit`) and returns
     its value; what ``after`` returns is the result's ``after``. Its errors are the job's, not the
     group's: they end the call without retiring the group. If rank 0 dies meanwhile, the group is
     retired and ``run_on_rank0`` raises :class:`Rank0Lost`."""
-    import ray
-
     runtime_env = warm.pool_runtime_env(job_runtime_env)
-    lease = _lease(group_key(scaling, runtime_env), scaling, idle_timeout_s, runtime_env, run_uri)
-    group, workers, name = lease.pop("group"), lease["workers"], lease["name"]
-    began, ok, seen = time.time(), True, 0  # ok: the group is sound (until the loop starts)
-
-    def step(fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
-        nonlocal ok
-        ref = workers[0].mlflow_step.options(concurrency_group="control").remote(fn, kwargs, env)
-        while not ray.wait([ref], timeout=1.0)[0]:  # a slow MLflow must not lapse the lease
-            group.heartbeat.options(concurrency_group="control").remote(lease["lease"])
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayActorError as e:
-            ok = False
-            raise GroupFailed(f"Warm worker group {name}: rank 0 died: {e}") from e
-        except ray.exceptions.RayTaskError as e:  # the step's own error, as raised (a refused login is
-            if isinstance(e.cause, Exception):  # a JobInputError: exit 2)
-                raise e.cause from e
-            raise
-
-    try:
+    key = group_key(scaling.to_dict(), runtime_env)
+    args = (scaling, idle_timeout_s)
+    with warm_actor.lease(WarmTrainGroup, key, scaling.cpus, args, runtime_env, tag=run_uri) as group:
+        call = GroupCall(group)
         if before is not None:
-            before(step)
-        ok = False  # a failed loop may leave the workers stuck in a collective
-        call, resume = lease["lease"], resume_path()
-        refs = [w.run.remote(call, train_loop, config, options, run_uri, resume) for w in workers]
-        pending = list(refs)
-        while True:
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
-            try:
-                ray.get(done)
-            except Exception as e:
-                raise GroupFailed(f"Warm worker group {name}: a worker failed: {e}") from e
-            reports = ray.get(
-                workers[0].reports_since.options(concurrency_group="control").remote(call, seen)
-            )
-            seen += len(reports)
-            for report in reports:
-                on_report(report)
-            if not pending:
-                break
-            group.heartbeat.options(concurrency_group="control").remote(lease["lease"])
-        outs = ray.get(refs)
-        ok = True  # the loop ran: what follows is the job's step, which leaves the group sound
-
-        def run_on_rank0(fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
-            nonlocal ok
-            ref = workers[0].after_fit.remote(call, fn, kwargs, env)
-            while not ray.wait([ref], timeout=1.0)[0]:
-                group.heartbeat.options(concurrency_group="control").remote(lease["lease"])
-            try:
-                done = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                ok = False
-                raise Rank0Lost(f"Warm worker group {name}: rank 0 died after the loop: {e}") from e
-            outs[0]["log"].extend(done["log"])
-            return done["value"]
-
-        finished = after(run_on_rank0) if after is not None else None
-    finally:
-        try:
-            calls = ray.get(group.finish.options(concurrency_group="control").remote(lease["lease"], ok))
-        except Exception as e:  # the group is gone already (killed): nothing left to end
-            log.warning("Warm worker group %s: could not end the lease (%s)", name, e)
-            calls = lease["calls"] + 1
+            before(call.step)
+        with group.at_risk():  # a failed loop may leave the workers stuck in a collective
+            call.loop(train_loop, config, options, run_uri, resume_path(), on_report)
+        finished = after(call.after_fit) if after is not None else None
+    info = group.info
     return {
-        "name": name, "calls": calls, "reused": lease["calls"] > 0, "start_seconds": lease["start_seconds"],
-        "cpus": lease["cpus"], "gpus": lease["gpus"], "call_started_at": began, "call_ended_at": time.time(),
-        "log": outs[0]["log"], "after": finished, "rank0": workers[0],
+        "name": group.name, "calls": group.calls, "reused": info["calls"] > 0, "start_seconds": info["start_seconds"],
+        "cpus": info["cpus"], "gpus": info["gpus"], "call_started_at": group.began, "call_ended_at": time.time(),
+        "log": call.log, "after": finished, "rank0": call.rank0,
     }  # fmt: skip
-
-
-def _lease(
-    key: str, scaling: dict[str, Any], idle_timeout_s: float, runtime_env: dict[str, Any], run_uri: str
-) -> dict[str, Any]:
-    """A free group's lease: a live replica's, or a new group's when all are busy and the cluster
-    has room for it (else wait for one)."""
-    import ray
-
-    gone: list[str] = []
-
-    def attempt(name: str, wait_s: float) -> dict[str, Any] | None:
-        group = (
-            actor_class()
-            .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, runtime_env=runtime_env)
-            .remote(name, scaling, idle_timeout_s)
-        )  # fmt: skip
-        try:
-            lease = ray.get(group.acquire.remote(wait_s, run_uri))
-        except ray.exceptions.RayTaskError as e:
-            if not isinstance(e.cause, warm.PoolRetired):
-                raise
-            warm.wait_gone(name, NAMESPACE)
-            return None
-        except ray.exceptions.RayActorError:
-            gone.append(name)  # died meanwhile (released, killed), or could not start (then say why)
-            if len(gone) > 2:
-                raise
-            warm.wait_gone(name, NAMESPACE)
-            return None
-        if lease is None:
-            return None
-        if not _workers_alive(lease["workers"]):  # one died while idle (OOM kill, lost node): retire it
-            log.warning("Warm worker group %s lost a worker while idle; retiring it", name)
-            with contextlib.suppress(ray.exceptions.RayActorError):
-                ray.get(group.finish.options(concurrency_group="control").remote(lease["lease"], False))
-            warm.wait_gone(name, NAMESPACE)
-            return None
-        return lease | {"group": group, "name": name}
-
-    cpus = bundle(scaling).get("CPU", 0.0) * int(scaling["num_workers"])
-    return warm.serve(NAMESPACE, key, cpus, attempt, what="warm worker group")
-
-
-def _workers_alive(workers: list[Any], timeout_s: float = 30.0) -> bool:
-    """Whether every worker answers (a dead one's call fails at once; a hung one times out)."""
-    import ray
-
-    try:
-        ray.get([w.alive.options(concurrency_group="control").remote() for w in workers], timeout=timeout_s)
-    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-        return False
-    return True
 
 
 def groups() -> list[str]:

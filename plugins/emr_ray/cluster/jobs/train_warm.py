@@ -87,7 +87,7 @@ class WarmTrainer:
         while True:
             try:
                 group = train_group.fit_shared(
-                    spec.train_loop, {**spec.config, shards.PLAN_KEY: self.plan}, spec.scaling.to_dict(),
+                    spec.train_loop, {**spec.config, shards.PLAN_KEY: self.plan}, spec.scaling,
                     self.options, self.run_uri,
                     resume_path=self._resume_path, on_report=self._on_report,
                     idle_timeout_s=spec.worker_group_idle_timeout_s, job_runtime_env=self.job_runtime_env,

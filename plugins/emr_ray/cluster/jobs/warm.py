@@ -1,5 +1,6 @@
-"""What the warm pools have in common (cluster side): a warm Spark session (:mod:`.spark_session`)
-and a warm training worker group (:mod:`.train_group`) are detached Ray actors that outlive a job.
+"""How jobs find and share warm pools (cluster side): a warm Spark session (:mod:`.spark_session`)
+and a warm training worker group (:mod:`.train_group`) are detached Ray actors that outlive a job,
+with one lifecycle (:mod:`.warm_actor`: lease, heartbeat, idle timeout, retire, give way).
 
 - *Named by their configuration*: :func:`pool_key` hashes everything that shapes the pool, including
   the job's runtime_env less what is one job's alone (:func:`pool_runtime_env`): jobs with the same
@@ -10,7 +11,7 @@ and a warm training worker group (:mod:`.train_group`) are detached Ray actors t
   waits for one otherwise (:func:`serve`). Concurrent runs of one DAG overlap as far as the cluster
   goes, without paying a start-up where a call ends sooner than another replica could start.
 - *Give way*: a job that needs CPUs the idle pools hold releases them first (:func:`release_idle`,
-  over every kind of pool; each pool's ``release_if_idle`` refuses while a call runs).
+  over every kind of pool; each pool's ``release_if_idle`` refuses while a job holds its lease).
 - *Speak through the job*: a detached actor's own output reaches no job's log, so a call collects
   its log lines (:class:`CallLog`) and the job prints them.
 """
@@ -41,17 +42,15 @@ class PoolRetired(RuntimeError):
     """The pool was stopping when the call arrived (idle timeout, released, failed): use a fresh one."""
 
 
-class PoolBusy(RuntimeError):
-    """The pool is serving another job's call: use another replica, or wait."""
-
-
-def wait_while(cond: Any, busy: Callable[[], bool], wait_s: float) -> None:
+def wait_while(
+    cond: Any, busy: Callable[[], bool], wait_s: float, *, clock: Callable[[], float] = time.monotonic
+) -> None:
     """Wait on ``cond`` (a ``threading.Condition`` the caller holds) while ``busy()``, at most
     ``wait_s``: a replica's side of :func:`serve`'s one wait for a busy replica. The replica notifies
-    ``cond`` when its call ends or it retires, so a waiting call starts at once."""
-    deadline = time.monotonic() + wait_s
-    while busy() and time.monotonic() < deadline:
-        cond.wait(timeout=max(deadline - time.monotonic(), 0.01))
+    ``cond`` when its lease ends or it retires, so a waiting call starts at once."""
+    deadline = clock() + wait_s
+    while busy() and clock() < deadline:
+        cond.wait(timeout=max(deadline - clock(), 0.01))
 
 
 def pool_runtime_env(job_runtime_env: Mapping[str, Any]) -> dict[str, Any]:
