@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from emr_ray.cluster.jobs import warm, warm_actor
-from emr_ray.cluster.jobs.warm_actor import LEASE_TIMEOUT_S, PoolBroken, WarmActor
+from emr_ray.cluster.jobs.warm_actor import LEASE_TIMEOUT_S, WarmActor
 
 KEY = "train-0123456789abcdef0123"
 
@@ -186,11 +186,13 @@ def test_an_unleased_pool_gives_way_and_a_leased_one_refuses():
     assert pool.release_if_idle() is False  # stopping already
 
 
-def test_a_pool_whose_payload_broke_while_idle_is_retired_instead_of_leased():
+def test_a_pool_whose_payload_broke_while_idle_is_retired_by_its_would_be_holder():
     pool = Pool()
     pool.fault = "lost a worker while idle"
-    with pytest.raises(PoolBroken, match=f"Test pool {KEY}-0 lost a worker while idle"):
-        pool.acquire(0.0)
+    taken = pool.acquire(0.0)
+    assert taken["broken"] == f"Test pool {KEY}-0 lost a worker while idle"
+    assert pool.events == [], "it still answers: stopping first would lose the reason"
+    pool.finish(taken["lease"], ok=False)
     assert pool.retired and pool.events == ["stop", "exit"]
 
 

@@ -4,8 +4,8 @@ what is its own: :meth:`WarmActor.start`, its calls, :meth:`WarmActor.stop`.
 
 - *Lease*: a job takes a replica's lease (:meth:`WarmActor.acquire`); another job waits for it at
   most the replica's own start-up time (what starting another would cost), then tries elsewhere
-  (:func:`emr_ray.cluster.jobs.warm.serve`). The lease is taken only when the payload answers
-  (:meth:`WarmActor.broken`): a broken one is retired instead.
+  (:func:`emr_ray.cluster.jobs.warm.serve`). A lease whose payload fails its check
+  (:meth:`WarmActor.broken`) is ended at once and the pool retired: the job uses another.
 - *Heartbeat*: while a job holds a lease, a thread of the job beats it (:class:`_Heartbeat`); a
   lease without a beat for ``LEASE_TIMEOUT_S`` (its job was killed) retires the pool, so an
   abandoned call never runs on. A call that runs in the actor itself holds the lease while it runs;
@@ -40,10 +40,6 @@ log = logging.getLogger("emr_ray.cluster.jobs.warm")
 LEASE_TIMEOUT_S = 30.0
 #: how often a job beats its lease
 BEAT_S = 1.0
-
-
-class PoolBroken(warm.PoolRetired):
-    """The pool's payload failed its check when leased (e.g. a worker died while idle): it retires."""
 
 
 class WarmActor:
@@ -95,7 +91,8 @@ class WarmActor:
     # -- the lifecycle --------------------------------------------------------------------------------
     def acquire(self, wait_s: float, tag: Any = None) -> dict[str, Any] | None:
         """The lease (for a call on ``tag``), or None if another job still holds it after ``wait_s``,
-        at most this pool's own start-up time (what another would cost). Raises
+        at most this pool's own start-up time (what another would cost). A lease whose payload failed
+        its check says why under ``broken``: its holder retires the pool. Raises
         :class:`~emr_ray.cluster.jobs.warm.PoolRetired` when the pool is stopping."""
         with self._cond:
             warm.wait_while(self._cond, lambda: self.lease is not None and not self.retired,
@@ -108,8 +105,9 @@ class WarmActor:
             lease = self.lease
             taken = {"lease": lease, "calls": self.calls, "start_seconds": self.start_seconds}
         if reason := self.broken():  # checked outside the lock: the lease keeps others out meanwhile
-            self.finish(lease, ok=False)
-            raise PoolBroken(f"{self.WHAT} {self.name} {reason}")
+            # the holder retires it (``finish(ok=False)``): stopping here could end the actor before
+            # this answer reaches the job, which would then see a dead pool, not a broken one
+            return taken | {"broken": f"{self.WHAT} {self.name} {reason}"}
         return taken | self.figures()
 
     def heartbeat(self, lease: str) -> bool:
@@ -314,9 +312,7 @@ def lease(
         try:
             taken = ray.get(actor.acquire.remote(wait_s, tag))
         except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, PoolBroken):
-                log.warning("%s; retiring it", e.cause)
-            elif not isinstance(e.cause, warm.PoolRetired):
+            if not isinstance(e.cause, warm.PoolRetired):
                 raise
             warm.wait_gone(name, payload.NAMESPACE)
             return None
@@ -325,6 +321,12 @@ def lease(
             if len(gone) > 2:
                 raise
             log.warning("%s %s is gone (%s); using a fresh one", payload.WHAT, name, e)
+            warm.wait_gone(name, payload.NAMESPACE)
+            return None
+        if taken is not None and "broken" in taken:  # e.g. a worker died while idle
+            log.warning("%s; retiring it", taken["broken"])
+            with contextlib.suppress(ray.exceptions.RayActorError):  # it may stop before it answers
+                ray.get(actor.finish.options(concurrency_group="control").remote(taken["lease"], False))
             warm.wait_gone(name, payload.NAMESPACE)
             return None
         return None if taken is None else Replica(name, actor, taken)
