@@ -88,6 +88,10 @@ class LocalAirflow:
     port: int = 8080
     #: slots of each Ray pool (``ray_spark``, ``ray_train``); None: :func:`ray_pool_slots` of the stack's CPUs
     pool_slots: int | None = None
+    #: seconds without a heartbeat before a scheduler or triggerer counts as dead, and between the
+    #: scheduler's checks for a dead one's tasks; None: Airflow's 30 s (checks every 30 s here). Only
+    #: the test stack shortens it: a busy machine may then delay a live component's beat past it.
+    health_check_s: int | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -110,9 +114,13 @@ class LocalAirflow:
             "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
             # a task waiting on a Ray job (or on a COS key) waits in the triggerer, not in a worker slot
             "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
-            # a scheduler that died is seen dead after scheduler_health_check_threshold (30 s); its
-            # queued and running tasks are then reset at the next check (default every 300 s; here 30 s)
-            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "30",
+            # a scheduler that died is seen dead after scheduler_health_check_threshold (30 s, or
+            # health_check_s); its queued and running tasks are then reset at the next check (default
+            # every 300 s; here 30 s or health_check_s). A dead triggerer's triggers move likewise.
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(self.health_check_s or 30),
+            **({"AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(self.health_check_s),
+                "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(self.health_check_s)}
+               if self.health_check_s else {}),
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",

@@ -2,8 +2,8 @@
 
 The faults come from a fault-injecting proxy (``devstack/fault_proxy.py``) in front of the real
 dashboard of the session's Ray head; the operator and the trigger reach the head only through it
-(connection ``ray_proxy``), while the test watches the job directly. Each outage is 30 s: 10 s of
-503 answers, then 20 s of refused connections.
+(connection ``ray_proxy``), while the test watches the job directly. Each outage is 12 s: 4 s of
+503 answers, then 8 s of refused connections.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from tests.integration.test_ray_jobs import FakeTaskInstance, run_trigger, wait_
 
 pytestmark = pytest.mark.integration
 
-# (mode, seconds): 30 s without a usable Jobs API. With the backoff (1, 2, 4, 8, 16 s) the monitor
-# retries at about 1, 3, 7 s (answered 503), 15 s (refused) and 31 s (through again).
-OUTAGE = (("status", 10.0), ("refuse", 20.0))
+# (mode, seconds): 12 s without a usable Jobs API. With the backoff (1, 2, 4, 8, 16 s) the monitor
+# retries at about 1 and 3 s (answered 503), 7 s (refused) and 15 s (through again).
+OUTAGE = (("status", 4.0), ("refuse", 8.0))
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def retry_lines(capsys) -> list[str]:
 
 def assert_rode_out(outage: Outage, proxy: FaultProxy, lines: list[str], direct: RayHook, sid: str) -> None:
     assert outage.error is None and outage.started_at and outage.ended_at
-    assert outage.ended_at - outage.started_at >= 29  # the whole outage happened while the job ran
+    assert outage.ended_at - outage.started_at >= 11.5  # the whole outage happened while the job ran
     counts = proxy.counts()
     assert counts.get("status", 0) >= 1, counts  # 503s were answered (refused connections leave no count)
     assert any("unreachable" in line for line in lines) and any("answered 503" in line for line in lines)
@@ -103,7 +103,7 @@ def test_polling_rides_out_an_outage_and_returns_the_jobs_result(proxy, direct, 
     sid = submission_id(ti)
     outage = Outage(proxy, direct, sid)
     outage.start()
-    op = echo(spec={"payload": "survived", "sleep_seconds": 36}, monitor_retry_seconds=120)
+    op = echo(spec={"payload": "survived", "sleep_seconds": 20}, monitor_retry_seconds=120)
     assert op.execute({"ti": ti})["echo"] == "survived"
     outage.join(timeout=60)
     assert_rode_out(outage, proxy, retry_lines(capsys), direct, sid)
@@ -112,7 +112,7 @@ def test_polling_rides_out_an_outage_and_returns_the_jobs_result(proxy, direct, 
 def test_the_trigger_rides_out_an_outage_and_its_event_carries_the_result(proxy, direct, capsys):
     ti = FakeTaskInstance("echo")
     sid = submission_id(ti)
-    op = echo(spec={"payload": "survived", "sleep_seconds": 36}, monitor_retry_seconds=120, deferrable=True)
+    op = echo(spec={"payload": "survived", "sleep_seconds": 20}, monitor_retry_seconds=120, deferrable=True)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})
     outage = Outage(proxy, direct, sid)

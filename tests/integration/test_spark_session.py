@@ -3,8 +3,8 @@
 Real Ray jobs on the session's cluster (its 2-CPU head, plus any node another test added), real
 Spark on Ray, the COS stand-in with signature checks. Each test gives its sessions a configuration of
 its own (a Spark setting with a fresh value), so no other test's session serves it. This module is
-also a job (``python -m tests.integration.test_spark_session``) that lists or kills the shared
-sessions and counts the cluster's CPUs, as an operator of the cluster would.
+also a job (``python -m tests.integration.test_spark_session``) that kills the shared sessions, as
+an operator of the cluster would; the test sees the live ones in the cluster's state API.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from devstack.constants import BUCKET, REGION
 from emr_ray.cluster import partitions, storage
 from emr_ray.cluster.jobs._runtime import main
 from emr_ray.exceptions import RayJobFailedError
+from emr_ray.hooks.ray import RayHook
 from include.data.synthetic import FEATURE_COLUMNS, make_partition
+from tests.fixtures.ray import live_actors
 from tests.integration.test_ray_jobs import FakeTaskInstance
 
 pytestmark = pytest.mark.integration
@@ -30,32 +32,36 @@ SCHEMA = {**dict.fromkeys(FEATURE_COLUMNS, "double"), "label": "int64"}
 ROWS = 400
 
 
-def sessions_job(spec: dict[str, Any]) -> dict[str, Any]:
-    """The job: the names of the shared sessions, after killing them when ``spec["kill"]``."""
+def kill_sessions_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job: kill every shared session, as an operator's ``ray kill`` would; their names."""
     import ray
 
     from emr_ray.cluster.jobs import spark_session
 
     ray.init(address="auto", logging_level=logging.WARNING)
     names = spark_session.sessions()
-    if spec.get("kill"):
-        for name in names:
-            ray.kill(ray.get_actor(name, namespace=spark_session.NAMESPACE), no_restart=True)
-    return {"sessions": names, "cpus": int(ray.cluster_resources().get("CPU", 0))}
+    for name in names:
+        ray.kill(ray.get_actor(name, namespace=spark_session.NAMESPACE), no_restart=True)
+    return {"sessions": names}
 
 
-def cluster(kill: bool = False) -> dict[str, Any]:
-    """The shared sessions on the cluster and its CPUs (the session's head, plus any node another
-    test added to it)."""
+def kill_sessions() -> list[str]:
     from emr_ray.operators.ray import RayJobOperator
 
-    op = RayJobOperator(task_id="sessions", job_module="tests.integration.test_spark_session",
-                        spec={"kill": kill}, poll_interval=0.5)  # fmt: skip
-    return op.execute({"ti": FakeTaskInstance("sessions")})
+    op = RayJobOperator(
+        task_id="sessions", job_module="tests.integration.test_spark_session", poll_interval=0.5
+    )
+    return op.execute({"ti": FakeTaskInstance("sessions")})["sessions"]
 
 
-def shared_sessions(kill: bool = False) -> list[str]:
-    return cluster(kill)["sessions"]
+def shared_sessions() -> list[str]:
+    """The live shared sessions, from the cluster's state API."""
+    return live_actors(RayHook("ray_default"), "WarmSpark")
+
+
+def cluster_cpus() -> int:
+    """The cluster's CPUs (the session's head, plus any node another test added to it)."""
+    return int(RayHook("ray_default").get_cluster_resources()["total"].get("CPU", 0))
 
 
 def upload(hook, prefix: str, day: str, table: pa.Table | None = None) -> None:
@@ -141,7 +147,7 @@ def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_w
 
     # A session of another configuration that needs every CPU of the cluster (one executor per CPU)
     # while the idle warm session holds one: the idle one gives way.
-    cpus = cluster()["cpus"]
+    cpus = cluster_cpus()
     wide = preprocess(cos_prefix, days[0], "shared", tag, output="staged_wide", num_executors=cpus)
     assert wide["spark_session"]["name"] != session["name"] and wide["spark_session"]["calls"] == 1
     assert sum(wide["rows_out"].values()) == ROWS
@@ -192,7 +198,7 @@ def test_bad_input_keeps_the_session_a_killed_one_is_replaced_two_jobs_at_once_b
     assert again["spark_session"]["calls"] == 3
 
     # A session killed between jobs (its node lost, an operator's `ray kill`): the next job starts a fresh one.
-    assert name in shared_sessions(kill=True)
+    assert name in kill_sessions()
     fresh = preprocess(cos_prefix, "2026-10-05", "shared", tag, spark_idle_timeout=8)
     assert fresh["spark_session"]["name"] == name and fresh["spark_session"]["calls"] == 1
     assert sum(fresh["rows_out"].values()) == ROWS
@@ -210,8 +216,8 @@ def test_bad_input_keeps_the_session_a_killed_one_is_replaced_two_jobs_at_once_b
     deadline = time.monotonic() + 90
     while name in shared_sessions():
         assert time.monotonic() < deadline, "the idle shared session did not stop"
-        time.sleep(3)
+        time.sleep(1)
 
 
 if __name__ == "__main__":
-    main(sessions_job)
+    main(kill_sessions_job)

@@ -12,6 +12,7 @@ import pytest
 
 from emr_ray.cluster import storage
 from emr_ray.hooks.ray import RayHook
+from tests.fixtures.ray import live_actors
 from tests.integration.test_ray_jobs import FakeTaskInstance
 from tests.integration.test_train_resume import epochs_logged, make_operator
 from tests.integration.test_train_resume import staged as staged  # the fixture
@@ -20,13 +21,8 @@ pytestmark = pytest.mark.integration
 
 
 def live_groups(hook: RayHook, field: str = "name") -> list[str]:
-    """Names (or another ``field``, e.g. ``actor_id``) of the live warm worker groups (their
-    coordinators), from the cluster's state API."""
-    params = {"filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE", "detail": "true"}
-    response = hook._request("GET", "/api/v0/actors", params=params)
-    assert response is not None
-    actors = response.json()["data"]["result"]["result"]
-    return sorted(a[field] for a in actors if a.get("class_name") == "WarmTrainGroup")
+    """The live warm worker groups (their coordinators)."""
+    return live_actors(hook, "WarmTrainGroup", field)
 
 
 def checkpoint_epochs(path: str, options: storage.StorageOptions | None = None) -> list[int]:
