@@ -1,5 +1,5 @@
 # Two commands: `make demo` runs the retraining DAG end to end; `make test` runs the whole suite.
-# `make unit` is the fast layer: unit tests and DAG integrity, no servers, under 2 minutes.
+# `make unit` is the fast layer: unit tests and DAG integrity, no servers, under a minute.
 # Everything runs inside a loopback-only network namespace (scripts/loopback.sh); all state is in .state/.
 # Python entry points run as modules from the repository root, where devstack/, include/, scripts/,
 # tests/ and bench/ are importable (emr_ray itself comes from the editable install).
