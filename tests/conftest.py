@@ -19,7 +19,9 @@ STATE = Path(os.environ.get("EMR_RAY_TEST_STATE", REPO_ROOT / ".state" / "tests"
 if os.environ.get("PYTEST_XDIST_WORKER") is None and STATE.exists():
     from devstack.ray_head import stop_head  # a crashed earlier session may have left its head
 
-    if (STATE / "ray").exists():
+    # only inside the loopback namespace, where it stops this namespace's processes alone: outside it,
+    # stop_head falls back to `ray stop --force`, which would also stop a running `make demo`
+    if (STATE / "ray").exists() and os.environ.get("EMR_RAY_IN_LOOPBACK") == "1":
         stop_head(STATE / "ray")
     shutil.rmtree(STATE, ignore_errors=True)
 STATE.mkdir(parents=True, exist_ok=True)
