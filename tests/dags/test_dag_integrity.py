@@ -35,8 +35,8 @@ def test_retrain_tabular_is_the_article_pipeline(dagbag):
 
 def test_parsing_imports_no_heavy_library():
     """Each DAG file, parsed in turn in one fresh interpreter: the heavy modules that appear while it
-    parses are its own (a module an earlier file loaded is that file's), so the result is the same as
-    one interpreter per file, at the cost of one."""
+    parses are its own. Pass or fail is as with one interpreter per file, at the cost of one; a heavy
+    module two files load is named for the first of them only."""
     files = sorted(str(p) for p in DAGS.glob("*.py"))
     code = f"""
 import importlib.util, json, sys
