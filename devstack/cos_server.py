@@ -135,6 +135,8 @@ class CosWsgiAdapter:
         self.faults: list[tuple[int, str]] = []
         #: seconds the next requests wait before they are served, to test slow responses
         self.delays: list[float] = []
+        #: requests answered so far (faulted ones included), to pace fault bursts by the client's progress
+        self.requests = 0
         self._faults_lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -159,6 +161,7 @@ class CosWsgiAdapter:
             )
             secret_id = match.group(1) if match else None
         with self._faults_lock:
+            self.requests += 1
             fault = self.faults.pop(0) if self.faults else None
             delay = self.delays.pop(0) if self.delays else 0.0
         if delay:
@@ -460,6 +463,17 @@ class CosStandIn:
         app: CosWsgiAdapter = self._server.app
         with app._faults_lock:
             app.delays.extend([seconds] * count)
+
+    def unserved_faults(self) -> int:
+        """How many injected faults and delays no request has met yet."""
+        if self._server is None:
+            return 0
+        with self._server.app._faults_lock:
+            return len(self._server.app.faults) + len(self._server.app.delays)
+
+    def requests_seen(self) -> int:
+        """How many requests the stand-in has answered (injected faults included)."""
+        return self._server.app.requests if self._server is not None else 0
 
     def clear_faults(self) -> None:
         """Forget faults and delays not yet served."""

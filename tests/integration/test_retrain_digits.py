@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from emr_ray.cluster import partitions, storage
-from tests.fixtures.pipeline import GOOD, dags_test
+from tests.fixtures.pipeline import GOOD
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def run(stack):
-    return dags_test(stack, GOOD, dag_id="retrain_digits")
+def run(workload_runs):
+    return workload_runs["retrain_digits"]
 
 
 def test_digits_dag_succeeds(run):

@@ -9,21 +9,18 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from devstack.constants import BUCKET
 from emr_ray.cluster import partitions, storage
 from include.data import interactions
-from tests.fixtures.pipeline import GOOD, dags_test
+from tests.fixtures.pipeline import GOOD
 
 pytestmark = pytest.mark.integration
 
-RAW = f"cos://{BUCKET}/raw_interactions"
 MODEL = "recsys-two-tower"
 
 
 @pytest.fixture(scope="module")
-def run(stack):
-    interactions.write_partitions(RAW, GOOD, 1, stack.storage_options())
-    return dags_test(stack, GOOD, dag_id="retrain_recsys")
+def run(workload_runs):
+    return workload_runs["retrain_recsys"]
 
 
 @pytest.fixture(scope="module")

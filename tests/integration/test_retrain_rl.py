@@ -5,23 +5,21 @@ CartPole-v1 in a Ray job, checkpoints to the COS stand-in, logs each iteration t
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from emr_ray.cluster.jobs.rllib import STEP_METRIC
 from tests.fixtures.mlflow import use_tracking_uri
-from tests.fixtures.pipeline import GOOD, dags_test
+from tests.fixtures.pipeline import GOOD, WORKLOADS
 
 pytestmark = pytest.mark.integration
-ITERATIONS = 10
+ITERATIONS = WORKLOADS["retrain_rl"]["iterations"]
 #: a random CartPole policy scores about 20; the episode cap is 500
 RANDOM_RETURN = 20
 
 
 @pytest.fixture(scope="module")
-def run(stack):
-    return dags_test(stack, GOOD, conf=json.dumps({"iterations": ITERATIONS}), dag_id="retrain_rl")
+def run(workload_runs):
+    return workload_runs["retrain_rl"]
 
 
 @pytest.fixture(scope="module")

@@ -10,33 +10,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from devstack.constants import BUCKET
 from emr_ray.cluster import partitions, storage
-from include.data import text
 from include.preprocessing.text import token_ids
-from tests.fixtures.pipeline import GOOD, dags_test
+from tests.fixtures.pipeline import GOOD, TEXT_ROWS, TRICKY_REVIEWS
 
 pytestmark = pytest.mark.integration
 
-ROWS = 3000
-RAW = f"cos://{BUCKET}/raw_text"
-# reviews where a careless tokeniser on one side (Unicode case, \w, apostrophes) would disagree with the other
-TRICKY = ["Don’t HATE it!!", "isn't\tbad\nat ALL", "CAFÉ naïve ÉCOLE", "\u212aelvin \U0001f600 5 stars #1",
-          "snake_case and-dashes", "?!...", "", None, "NOT good, not bad"]  # fmt: skip
+ROWS, TRICKY = TEXT_ROWS, TRICKY_REVIEWS
 
 
 @pytest.fixture(scope="module")
-def run(stack):
-    """The day's generated reviews plus a second file of tricky ones, then ``dags test retrain_text``."""
-    options = stack.storage_options()
-    fsys, base = storage.resolve(RAW, options)
-    fsys.create_dir(f"{base}/dt={GOOD}", recursive=True)
-    tricky = pa.table({"doc_id": [f"tricky-{i}" for i in range(len(TRICKY))], "text": pa.array(TRICKY, pa.string()),
-                       "label": pa.array([i % 2 for i in range(len(TRICKY))], pa.int64()),
-                       "negated": pa.array([0] * len(TRICKY), pa.int64())})  # fmt: skip
-    pq.write_table(tricky, f"{base}/dt={GOOD}/part-00001.parquet", filesystem=fsys)
-    text.write_partitions(RAW, GOOD, 1, options, rows=ROWS)  # part-00000 and the _SUCCESS marker last
-    return dags_test(stack, GOOD, dag_id="retrain_text")
+def run(workload_runs):
+    """``dags test retrain_text`` on the day's generated reviews plus a second file of tricky ones."""
+    return workload_runs["retrain_text"]
 
 
 @pytest.fixture(scope="module")
