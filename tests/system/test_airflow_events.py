@@ -63,7 +63,7 @@ def test_a_partition_landing_in_cos_starts_a_run_for_that_partition(api, live_st
         "failed",
     ):
         assert time.monotonic() < deadline, f"retrain_on_arrival's run is still {state}"
-        time.sleep(3)
+        time.sleep(1)
     # paused only now: the tasks of a paused DAG's running run are not scheduled
     api.call("PATCH", f"/api/v2/dags/{WATCHER_DAG}", {"is_paused": True})
     assert state == "success"
