@@ -1,10 +1,10 @@
 """TorchTrainOperator resumes instead of restarting, on the real local Ray cluster and MLflow store.
 
-Three interruptions: the Airflow side is killed mid-training and the task is retried (the job of
-try 1 is stopped, try 2 resumes from the latest checkpoint into the same MLflow run), and a worker
-process dies (the worker group restarts from the checkpoint, FailureConfig); both run with Ray
-Train's worker group (``worker_group="job"``) and with a warm one (``"shared"``: the stopped job's
-lease ends and its group is retired; a killed worker retires its group and a fresh one resumes).
+Three interruptions: a worker process dies (the worker group restarts from the checkpoint,
+FailureConfig) and then the Airflow side is killed mid-training and the task is retried (the job of
+try 1 is stopped, try 2 resumes from the latest checkpoint into the same MLflow run); both run with
+Ray Train's worker group (``worker_group="job"``) and with a warm one (``"shared"``: a killed worker
+retires its group and a fresh one resumes; the stopped job's lease ends and its group is retired).
 Third, a job's driver is killed outright while its warm call runs: the retry waits for the
 abandoned call's group to retire before it trains the run. Every run must end with exactly the
 configured number of epochs. COS (the stand-in) throttling and answering late while checkpoints are
@@ -14,6 +14,7 @@ uploaded is ridden out by both groups. The Airflow task context is the small sta
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -109,56 +110,58 @@ def train_worker_pids(hook: RayHook, class_name: str = "RayTrainWorker") -> list
     return sorted(a["pid"] for a in actors if a.get("class_name") == class_name and a.get("pid"))
 
 
+def logged_start_epochs(tracking_uri: str, run_id: str) -> list[int]:
+    """The ``start_epoch`` each reported epoch's attempt began at (> 0: it resumed from a checkpoint)."""
+    import mlflow
+
+    history = mlflow.MlflowClient(tracking_uri=tracking_uri).get_metric_history(run_id, "start_epoch")
+    return [int(m.value) for m in sorted(history, key=lambda m: m.step)]
+
+
 @pytest.mark.parametrize("worker_group", ["job", "shared"])
-def test_airflow_retry_resumes_from_the_latest_checkpoint(
+def test_a_killed_worker_and_then_an_airflow_retry_each_resume_from_the_latest_checkpoint(
     ray_conn, mlflow_conn, staged, tmp_path, worker_group
 ):
+    """Two interruptions of one training. A worker process dies: the group restarts from its latest
+    checkpoint (Ray Train's FailureConfig; a warm group is retired and a fresh one resumes) and
+    reports on. Then the Airflow side is killed and the task retried: the job of try 1 is stopped,
+    try 2 resumes from the latest checkpoint into the same MLflow run, which ends with every epoch.
+    A third try reattaches to try 2's finished job. Enough epochs that both land in the loop."""
+    epochs = 2 * EPOCHS
     hook = RayHook(ray_conn)
     first = FakeTaskInstance("train", try_number=1)
-    op = make_operator(staged, tmp_path, worker_group=worker_group)
-    identity = TaskIdentity.from_context({"ti": first})
-    op._submission_id = op._reattach_or_submit(identity, op.job_payload({"ds": "2026-11-05"}, identity), {})
-    wait_for_reported_epoch(
-        Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name, mlflow_conn.tracking_uri
-    )
-    op.on_kill()  # the Airflow worker was killed: its job is stopped, nothing is left running
-    assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
-
-    retry = FakeTaskInstance("train", try_number=2, run_id=first.run_id)
-    result = make_operator(staged, tmp_path, worker_group=worker_group).execute(
-        {"ti": retry, "ds": "2026-11-05"}
-    )
-    assert result["epochs_completed"] == EPOCHS
-    assert result["final_metrics"]["start_epoch"] > 0, "the retry trained from scratch instead of resuming"
-    assert epochs_logged(mlflow_conn.tracking_uri, result["mlflow_run_id"]) == list(range(EPOCHS))
-    third = FakeTaskInstance("train", 3, first.run_id)
-    again = make_operator(staged, tmp_path, worker_group=worker_group).execute(
-        {"ti": third, "ds": "2026-11-05"}
-    )
-    assert again == result  # reattached to try 2's finished job: nothing trained again
-    assert hook.get_job(TaskIdentity.from_context({"ti": third}).submission_id()) is None
-
-
-@pytest.mark.parametrize("worker_group", ["job", "shared"])
-def test_a_killed_worker_is_restarted_from_its_checkpoint(
-    ray_conn, mlflow_conn, staged, tmp_path, worker_group
-):
-    """Enough epochs that the kill lands in the loop, wherever the first epoch's report is seen."""
-    epochs = 2 * EPOCHS
-    ti = FakeTaskInstance("train")
-    identity = TaskIdentity.from_context({"ti": ti})
-    run_dir = Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name
     op = make_operator(staged, tmp_path, {"epochs": epochs}, max_failures=2, worker_group=worker_group)
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(op.execute({"ti": ti})))
-    worker.start()
+    identity = TaskIdentity.from_context({"ti": first})
+    run_dir = Path(identity.checkpoint_path(str(tmp_path))) / identity.run_name
+    op._submission_id = op._reattach_or_submit(identity, op.job_payload({"ds": "2026-11-05"}, identity), {})
     wait_for_reported_epoch(run_dir, mlflow_conn.tracking_uri)
-    pids = train_worker_pids(RayHook(ray_conn), WORKER_CLASS[worker_group])
+    pids = train_worker_pids(hook, WORKER_CLASS[worker_group])
     assert pids, "no training worker process found"
     os.kill(pids[0], signal.SIGKILL)
-    worker.join(timeout=600)
-    assert outcome["epochs_completed"] == epochs
-    assert outcome["final_metrics"]["start_epoch"] > 0
+
+    run_id = json.loads((run_dir / "_emr_ray_state.json").read_text())["mlflow_run_id"]
+    deadline = time.monotonic() + 300
+    while not any(logged_start_epochs(mlflow_conn.tracking_uri, run_id)):  # an epoch of the resumed group
+        assert hook.get_job(op._submission_id)["status"] == "RUNNING", "the job ended after a worker died"
+        assert time.monotonic() < deadline, "no epoch was reported after the worker died"
+        time.sleep(0.5)
+    op.on_kill()  # the Airflow worker was killed: its job is stopped, nothing is left running
+    assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
+    restarted_at = max(logged_start_epochs(mlflow_conn.tracking_uri, run_id))
+
+    retry = FakeTaskInstance("train", try_number=2, run_id=first.run_id)
+    result = make_operator(
+        staged, tmp_path, {"epochs": epochs}, max_failures=2, worker_group=worker_group
+    ).execute({"ti": retry, "ds": "2026-11-05"})
+    assert result["mlflow_run_id"] == run_id and result["epochs_completed"] == epochs
+    assert result["final_metrics"]["start_epoch"] > restarted_at, "the retry did not resume from the latest"
+    assert epochs_logged(mlflow_conn.tracking_uri, run_id) == list(range(epochs))
+    third = FakeTaskInstance("train", 3, first.run_id)
+    again = make_operator(
+        staged, tmp_path, {"epochs": epochs}, max_failures=2, worker_group=worker_group
+    ).execute({"ti": third, "ds": "2026-11-05"})
+    assert again == result  # reattached to try 2's finished job: nothing trained again
+    assert hook.get_job(TaskIdentity.from_context({"ti": third}).submission_id()) is None
 
 
 def test_a_warm_group_that_lost_a_worker_while_idle_is_never_leased_again(
