@@ -135,6 +135,8 @@ class CosWsgiAdapter:
         self.faults: list[tuple[int, str]] = []
         #: seconds the next requests wait before they are served, to test slow responses
         self.delays: list[float] = []
+        #: (method, text in the path or query, status, code): answered to the next requests that match
+        self.targeted: list[tuple[str, str, int, str]] = []
         #: requests answered so far (faulted ones included), to pace fault bursts by the client's progress
         self.requests = 0
         self._faults_lock = threading.Lock()
@@ -160,10 +162,15 @@ class CosWsgiAdapter:
                 "Credential=" + query.get("X-Amz-Credential", "")
             )
             secret_id = match.group(1) if match else None
+        target = f"{request_path}?{environ.get('QUERY_STRING', '')}"
         with self._faults_lock:
             self.requests += 1
             fault = self.faults.pop(0) if self.faults else None
             delay = self.delays.pop(0) if self.delays else 0.0
+            for i, (method, text, *_) in enumerate(self.targeted):
+                if fault is None and environ.get("REQUEST_METHOD") == method and text in unquote(target):
+                    fault = self.targeted.pop(i)[2:]
+                    break
         if delay:
             time.sleep(delay)
         if fault is not None:
@@ -456,6 +463,17 @@ class CosStandIn:
         with app._faults_lock:
             app.faults.extend([(status, code)] * count)
 
+    def inject_faults_on(
+        self, method: str, text: str, count: int, status: int = 503, code: str = "SlowDown"
+    ) -> None:
+        """Answer the next ``count`` ``method`` requests whose path or query holds ``text`` with
+        ``status``/``code``; other requests pass (a fault at one step of a protocol)."""
+        if self._server is None:
+            raise RuntimeError("CosStandIn.inject_faults_on() needs start() first")
+        app: CosWsgiAdapter = self._server.app
+        with app._faults_lock:
+            app.targeted.extend([(method, text, status, code)] * count)
+
     def inject_delays(self, count: int, seconds: float) -> None:
         """Serve the next ``count`` requests ``seconds`` late (a slow, overloaded COS)."""
         if self._server is None:
@@ -469,7 +487,8 @@ class CosStandIn:
         if self._server is None:
             return 0
         with self._server.app._faults_lock:
-            return len(self._server.app.faults) + len(self._server.app.delays)
+            app = self._server.app
+            return len(app.faults) + len(app.delays) + len(app.targeted)
 
     def requests_seen(self) -> int:
         """How many requests the stand-in has answered (injected faults included)."""
@@ -480,6 +499,7 @@ class CosStandIn:
         if self._server is not None:
             with self._server.app._faults_lock:
                 self._server.app.faults.clear()
+                self._server.app.targeted.clear()
                 self._server.app.delays.clear()
 
     def register_credentials(self, secret_id: str, secret_key: str) -> None:

@@ -1,5 +1,6 @@
 """Partitions under faults, on all three storages: a writer killed at each step of its commit, two
-writers of one date at once with a reader watching, and COS throttling during the commit.
+writers of one date at once with a reader watching, and COS throttling, refusing and answering late
+during the commit.
 
 Each test asserts on the data itself: which generation is current, the bytes of its files, the rows
 a reader gets. The storages are the real clients against the local servers: ``file://``, the COS
@@ -199,6 +200,25 @@ def test_cos_throttling_during_the_commit_is_retried_and_the_data_is_whole(cos_s
         cos_server.clear_faults()
     assert partitions.current(uri, options).generation == committed.generation
     assert assert_whole(committed, options) == 5
+
+
+def test_a_commit_whose_manifest_landed_stays_current_and_whole_when_listing_the_commits_fails(cos_server):
+    """Once the manifest is written the generation is current: a failure after it (listing
+    ``_commits/`` to see whether a later writer won, here refused outright) is logged, never raised,
+    so the writer does not discard the files its manifest makes current."""
+    options = storage.StorageOptions(endpoint_override=cos_server.endpoint, scheme="http", region=REGION,
+                                     access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
+    uri = f"cos://{BUCKET}/unlisted-{uuid.uuid4().hex[:8]}/staged/dt=2026-11-23"
+    before = partitions.write_tables(uri, tables(3, 100), {}, options)
+    cos_server.inject_faults_on("GET", f"{partitions.COMMITS}/", 1, status=403, code="AccessDenied")
+    try:
+        committed = partitions.write_tables(uri, tables(4, 100), {}, options)
+        assert not cos_server.unserved_faults(), "the commit never listed its commits"
+    finally:
+        cos_server.clear_faults()
+    assert committed.superseded_by is None
+    assert partitions.current(uri, options).generation == committed.generation != before.generation
+    assert assert_whole(committed, options) == 4
 
 
 def test_slow_cos_responses_during_the_commit_still_commit_whole(cos_server):

@@ -185,6 +185,30 @@ def test_missing_input_partition_fails_before_spark_starts(ray_conn, tmp_path):
     assert not (tmp_path / "staged").exists()
 
 
+def test_cos_refusing_the_jobs_keys_fails_the_task_at_once_naming_the_fix(
+    ray_conn, cos_server, cos_conn, cos_prefix
+):
+    """COS answering 403 ``InvalidAccessKeyId`` (keys revoked or mistyped) is no fault a retry can
+    fix: the job ends as an input error that says which keys to check, before Spark starts."""
+    from devstack.constants import BUCKET, SECRET_ID
+    from emr_ray.hooks.cos import COSHook
+
+    COSHook(cos_conn).upload_bytes(b"", f"{cos_prefix}raw/dt=2026-01-02/_SUCCESS")
+    op = RayDPSparkOperator(task_id="prep", preprocess="include.preprocessing.tabular:standardize",
+                            input_uri=f"cos://{BUCKET}/{cos_prefix}raw", output_uri=f"cos://{BUCKET}/{cos_prefix}staged",
+                            partition="2026-01-02", poll_interval=0.5)  # fmt: skip
+    cos_server.reject_secret_id(SECRET_ID)
+    try:
+        with pytest.raises(
+            RayJobInputError, match=r"refused the job's credentials.*\(cos_conn_id\)"
+        ) as failed:
+            op.execute({"ti": FakeTaskInstance("prep")})
+    finally:
+        cos_server.allow_secret_id(SECRET_ID)
+    assert isinstance(failed.value, AirflowFailException)
+    assert f"{cos_prefix}raw/dt=2026-01-02/_SUCCESS" in str(failed.value)  # the object it was refused
+
+
 def submit_as_try(op: RayJobOperator, ti: FakeTaskInstance) -> str:
     """What a try does before its worker dies: submit its job (and nothing else)."""
     identity = TaskIdentity.from_context({"ti": ti})

@@ -107,3 +107,34 @@ def test_an_empty_output_is_not_committed(partition):
     with pytest.raises(storage.StorageError, match="has no data files"):
         partitions.commit(partition, generation, {"outputs": {"train": {"rows": 0}}})
     assert partitions.current(partition) is None
+
+
+def test_a_manifest_write_that_raised_but_landed_is_committed(partition, monkeypatch):
+    """The write's answer was lost after it landed (a dropped connection): the commit reads the
+    manifest back and reports it committed, so its writer keeps the files."""
+    write = partitions._write_atomically
+
+    def lands_then_fails(*args):
+        write(*args)
+        raise OSError("connection reset after the upload")
+
+    monkeypatch.setattr(partitions, "_write_atomically", lands_then_fails)
+    committed = partitions.write_tables(partition, {"train": rows(5)}, {})
+    assert partitions.current(partition) == committed and read_all(committed, "train") == list(range(5))
+
+
+def test_a_manifest_write_that_raised_and_cannot_be_read_back_is_of_unknown_state(partition, monkeypatch):
+    """Neither the write's answer nor a read-back: the writer must not discard (CommitStateUnknown);
+    a write known to have failed raises its own error, and the writer cleans up as before."""
+
+    def fails(*args):
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(partitions, "_write_atomically", fails)
+    with pytest.raises(OSError, match="connection reset") as failed:
+        partitions.write_tables(partition, {"train": rows(5)}, {})
+    assert not isinstance(failed.value, partitions.CommitStateUnknown)  # nothing landed: discard is safe
+
+    # the read-back fails too (here: the store cannot even be reached): unknown, and said so
+    with pytest.raises(partitions.CommitStateUnknown, match="may be current, so its files are kept"):
+        partitions._landed("cos://bucket/staged/dt=2026-11-02", "_commits/k.json", None, OSError("reset"))

@@ -78,3 +78,34 @@ def test_a_wildcard_or_regex_partition_is_a_pattern_not_a_bad_date():
     storage.validate_partitions_in(
         "raw/dt=*/_SUCCESS", r"raw/dt=2026-11-\d\d/_SUCCESS", "raw/dt=2026-11-0?/x"
     )
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "When reading information for key 'a' in bucket 'b': AWS Error UNKNOWN (HTTP status 403) during "
+        "HeadObject operation: The Access Key Id you provided does not exist in our records.",
+        "AWS Error ACCESS_DENIED during ListObjectsV2 operation: Access Denied",
+        "java.nio.file.AccessDeniedException: s3a://b/a: getFileStatus on s3a://b/a: 403 Forbidden",
+        "An error occurred (SignatureDoesNotMatch) when calling the PutObject operation",
+    ],
+)
+def test_refused_credentials_are_told_apart_with_the_fix(message):
+    cause = OSError(message)
+    wrapped = RuntimeError("the Spark step failed")
+    wrapped.__cause__ = cause
+    refused = storage.refused_credentials(wrapped)  # found in the cause too
+    assert refused is not None and "(cos_conn_id)" in str(refused) and message[:40] in str(refused)
+    assert "a retry with the same credentials cannot succeed" in str(refused)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "AWS Error SLOW_DOWN during PutObject operation: Please reduce your request rate.",
+        "AWS Error UNKNOWN (HTTP status 503) during HeadObject operation: No response body.",
+        "Connection reset by peer",
+    ],  # fmt: skip
+)
+def test_throttling_and_server_errors_stay_retryable(message):
+    assert storage.refused_credentials(OSError(message)) is None

@@ -51,6 +51,12 @@ DEFAULT_KEEP = 3
 DEFAULT_ABANDON_AFTER_S = 6 * 3600
 
 
+class CommitStateUnknown(OSError):
+    """The manifest's write failed and whether it landed cannot be read back: the generation may be
+    current, so its writer must keep its files (Iceberg's commit-state-unknown rule). A retry
+    writes a new generation; the next commit's housekeeping settles this one."""
+
+
 def new_generation(now: dt.datetime | None = None) -> str:
     """A fresh generation id: sortable by start time, unique across writers."""
     now = now or dt.datetime.now(dt.UTC)
@@ -133,18 +139,47 @@ def commit(
     key = f"{now:%Y%m%dT%H%M%S%fZ}-{generation}"
     body = {**manifest, "outputs": outputs, "format": FORMAT, "generation": generation,
             "committed_at": now.isoformat()}  # fmt: skip
-    _write_atomically(
-        partition_uri, f"{COMMITS}/{key}.json", json.dumps(body, indent=2, sort_keys=True), options
-    )
+    name = f"{COMMITS}/{key}.json"
+    try:
+        _write_atomically(partition_uri, name, json.dumps(body, indent=2, sort_keys=True), options)
+    except Exception as error:  # the write may have landed with its answer lost: look before giving up
+        if not _landed(partition_uri, name, options, error):
+            raise
     log.info("Committed generation %s of %s", generation, partition_uri)
-    keys = _commit_keys(partition_uri, options)
-    later = [k for k in keys if k > key]
-    superseded_by = _generation_of(later[-1]) if later else None
-    if superseded_by:
-        log.warning("Generation %s of %s was superseded by %s, committed later by another writer",
-                    generation, partition_uri, superseded_by)  # fmt: skip
-    _prune(partition_uri, keys, keep, abandon_after_s, options)
+    # Committed from here on: nothing below may fail the commit (its writer would discard what is current)
+    superseded_by = None
+    try:
+        keys = _commit_keys(partition_uri, options)
+        later = [k for k in keys if k > key]
+        superseded_by = _generation_of(later[-1]) if later else None
+        if superseded_by:
+            log.warning("Generation %s of %s was superseded by %s, committed later by another writer",
+                        generation, partition_uri, superseded_by)  # fmt: skip
+        _prune(partition_uri, keys, keep, abandon_after_s, options)
+    except Exception as e:
+        log.warning("Generation %s of %s is committed, but listing its commits failed (%s): whether a later "
+                    "one superseded it is unknown, and old generations wait for the next commit's "
+                    "housekeeping", generation, partition_uri, e)  # fmt: skip
     return Committed(partition_uri, generation, key, body, superseded_by)
+
+
+def _landed(partition_uri: str, name: str, options: storage.StorageOptions | None, error: Exception) -> bool:
+    """Whether a manifest whose write raised ``error`` is there all the same (False: it is not)."""
+    from pyarrow import fs as pafs
+
+    try:
+        fsys, root = storage.resolve(partition_uri, options)
+        landed = fsys.get_file_info(f"{root}/{name}").type == pafs.FileType.File
+    except Exception as e:
+        raise CommitStateUnknown(
+            f"Writing the manifest {name} of {partition_uri} failed ({error}) and reading it back "
+            f"failed too ({e}): the generation may be current, so its files are kept."
+        ) from error
+    if landed:
+        log.warning(
+            "Writing the manifest %s of %s raised %s, but it landed whole", name, partition_uri, error
+        )
+    return landed
 
 
 def write_tables(

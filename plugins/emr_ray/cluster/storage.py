@@ -43,6 +43,30 @@ class StorageError(ValueError):
     """A URI, partition or committed dataset is invalid; the message names it and the fix."""
 
 
+#: how COS (and S3 clients: pyarrow's, Hadoop's) say the credentials are refused: a retry cannot help
+_REFUSED = re.compile(
+    r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|ACCESS_DENIED|HTTP status 403|403 Forbidden"
+)
+
+
+def refused_credentials(error: BaseException) -> StorageError | None:
+    """A :class:`StorageError` naming the fix when ``error`` (or its cause) is object storage refusing
+    the job's credentials or permissions; None for anything else (throttling, 5xx: retried)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if _REFUSED.search(str(seen)):
+            detail = " ".join(str(seen).split())[:300]
+            refused = StorageError(
+                f"Object storage refused the job's credentials ({detail}). Check the SecretId and "
+                "SecretKey of the cos connection the task uses (cos_conn_id) and that they may read and "
+                "write this bucket and prefix; a retry with the same credentials cannot succeed."
+            )
+            refused.__cause__ = error
+            return refused
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 @dataclass(frozen=True)
 class StorageOptions:
     """Connection-derived settings for object storage and HDFS; secrets stay out of ``repr`` and specs.

@@ -71,3 +71,20 @@ def test_a_stored_run_is_kept_for_the_same_inputs_and_cleared_for_others(tmp_pat
     assert job.resume_state(spec, run_state, "a") == {"fingerprint": "a", "mlflow_run_id": "m1"}
     assert job.resume_state(spec, run_state, "b") == {}
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("stored", [b'{"fingerprint": "a", "mlflow_ru', b"\xff\xfe", b"[1, 2]"])
+def test_an_unreadable_stored_run_is_kept_aside_and_the_run_starts_clean(tmp_path, stored):
+    """A state file cut short by a crash (or not JSON, or not an object) would fail every retry,
+    force_recompute included: it is copied beside the run's folder and the run starts clean."""
+    run_state = job.RunState(pafs.LocalFileSystem(), str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / job.STATE_FILE).write_bytes(stored)
+    (tmp_path / "run" / "checkpoint_epoch_000001").mkdir()  # of inputs nobody can vouch for now
+    spec = spec_for(
+        partitions.write_tables(f"file://{tmp_path}/p/dt=2026-11-05", {"train": pa.table({"x": [1]})}, {})
+    )
+    assert job.resume_state(spec, run_state, "a") == {}
+    assert not (tmp_path / "run").exists()
+    (kept,) = tmp_path.glob(f"run.unreadable-*-{job.STATE_FILE}")
+    assert kept.read_bytes() == stored

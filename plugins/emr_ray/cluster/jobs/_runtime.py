@@ -71,7 +71,8 @@ def main(
         _fail(explain_import_error(e), code=INPUT_ERROR_EXIT_CODE)
     except Exception as e:
         traceback.print_exc(file=sys.stdout)
-        _fail(e, code=1)
+        refused = storage.refused_credentials(e)  # COS refusing the keys: no retry can fix it
+        _fail(refused or e, code=INPUT_ERROR_EXIT_CODE if refused else 1)
     if spec_type is not None and isinstance(result, dict):  # the Spark and training jobs
         result["code_origin"] = code_origin()
     if isinstance(result, dict):

@@ -188,6 +188,7 @@ def preprocess_partition(
     preprocess = import_by_path(spec.preprocess)
     generation = partitions.new_generation()
     committed = None
+    unknown = False  # the commit failed with its outcome unknown (partitions.CommitStateUnknown)
     cached: list[Any] = []  # a shared session serves the next partition: free its memory for that
     try:
         df = read_partition(spark, input_uri, files, options).cache()
@@ -222,7 +223,13 @@ def preprocess_partition(
             "producer": spec.identity,
             "preprocess": spec.preprocess,
         }
-        committed = partitions.commit(output_uri, generation, manifest, options, keep=spec.keep_generations)
+        try:
+            committed = partitions.commit(
+                output_uri, generation, manifest, options, keep=spec.keep_generations
+            )
+        except partitions.CommitStateUnknown:
+            unknown = True  # perhaps current: its files stay
+            raise
         lap("commit")
     finally:
         for frame in cached:
@@ -230,7 +237,7 @@ def preprocess_partition(
                 frame.unpersist()
             except Exception as e:  # a broken session: the error that broke it is the one to report
                 log.warning("Could not unpersist a cached DataFrame: %s", e)
-        if committed is None:
+        if committed is None and not unknown:
             partitions.discard(output_uri, generation, options)
     return {
         "partition": partition,

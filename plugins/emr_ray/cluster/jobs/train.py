@@ -50,12 +50,26 @@ class RunState:
     path: str
 
     def read(self) -> dict[str, Any]:
+        """The stored state; ``{}`` when there is none. An unreadable one (cut short by a crash, edited
+        by hand) is copied beside the run's folder for inspection and reported as ``{"unreadable":
+        <copy>}``: :func:`resume_state` then starts the run clean, as every retry would fail on it."""
         from pyarrow import fs as pafs
 
-        if self.fsys.get_file_info(f"{self.path}/{STATE_FILE}").type != pafs.FileType.File:
+        path = f"{self.path}/{STATE_FILE}"
+        if self.fsys.get_file_info(path).type != pafs.FileType.File:
             return {}
-        with self.fsys.open_input_stream(f"{self.path}/{STATE_FILE}") as f:
-            return json.loads(f.read().decode())
+        with self.fsys.open_input_stream(path) as f:
+            raw = f.read()
+        try:
+            state = json.loads(raw.decode())
+            if isinstance(state, dict):
+                return state
+        except ValueError:
+            pass
+        kept = f"{self.path}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{STATE_FILE}"
+        with self.fsys.open_output_stream(kept) as f:
+            f.write(raw)
+        return {"unreadable": kept}
 
     def write(self, state: dict[str, Any]) -> None:
         self.fsys.create_dir(self.path, recursive=True)
@@ -134,6 +148,11 @@ def resume_state(
     """The stored state to continue from: kept when the inputs are the same, cleared otherwise
     (and always cleared when recomputation is forced). The training and the RLlib job's rule."""
     state = run_state.read()
+    if state.get("unreadable"):
+        log.warning("The stored state of run %s is unreadable (kept as %s): starting the run clean.",
+                    spec.run_name, state["unreadable"])  # fmt: skip
+        run_state.clear()
+        return {}
     if state and force:
         log.info("Recomputation forced: discarding the stored run %s.", spec.run_name)
         run_state.clear()
