@@ -92,6 +92,9 @@ class LocalAirflow:
     #: scheduler's checks for a dead one's tasks; None: Airflow's 30 s (checks every 30 s here). Only
     #: the test stack shortens it: a busy machine may then delay a live component's beat past it.
     health_check_s: int | None = None
+    #: seconds between the asset watcher's listings of COS (``retrain_on_arrival``); None: the
+    #: ``EMR_RAY_WATCH_INTERVAL`` variable of this process, else 10
+    watch_interval_s: int | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -125,7 +128,7 @@ class LocalAirflow:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             # retrain_on_arrival's asset watcher lists COS this often (its DAG reads it when parsed)
-            "EMR_RAY_WATCH_INTERVAL": os.environ.get("EMR_RAY_WATCH_INTERVAL", "10"),
+            "EMR_RAY_WATCH_INTERVAL": str(self.watch_interval_s or os.environ.get("EMR_RAY_WATCH_INTERVAL", "10")),
         }  # fmt: skip
 
     def _airflow(self, *args: str) -> subprocess.CompletedProcess:

@@ -202,11 +202,12 @@ def stop_head(state_dir: str | os.PathLike) -> None:
         subprocess.run([_ray_bin(), "stop", "--force"], env=os.environ | cluster_env(state), check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     else:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        # a local cluster keeps no state worth a graceful stop: 3 s for SIGTERM, then SIGKILL
+        for sig, grace in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
             for pid in _ray_processes_in_this_namespace():
                 with contextlib.suppress(OSError):
                     os.kill(pid, sig)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + grace
             while _ray_processes_in_this_namespace() and time.monotonic() < deadline:
                 time.sleep(0.5)
     (ray_temp_dir(state) / "ray_current_cluster").unlink(missing_ok=True)

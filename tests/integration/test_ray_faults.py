@@ -98,30 +98,31 @@ def assert_rode_out(outage: Outage, proxy: FaultProxy, lines: list[str], direct:
     assert direct.get_job(sid)["status"] == "SUCCEEDED"  # not stopped: it ran to its end
 
 
-def test_polling_rides_out_an_outage_and_returns_the_jobs_result(proxy, direct, capsys):
-    ti = FakeTaskInstance("echo")
-    sid = submission_id(ti)
-    outage = Outage(proxy, direct, sid)
-    outage.start()
-    op = echo(spec={"payload": "survived", "sleep_seconds": 20}, monitor_retry_seconds=120)
-    assert op.execute({"ti": ti})["echo"] == "survived"
-    outage.join(timeout=60)
-    assert_rode_out(outage, proxy, retry_lines(capsys), direct, sid)
-
-
-def test_the_trigger_rides_out_an_outage_and_its_event_carries_the_result(proxy, direct, capsys):
-    ti = FakeTaskInstance("echo")
-    sid = submission_id(ti)
-    op = echo(spec={"payload": "survived", "sleep_seconds": 20}, monitor_retry_seconds=120, deferrable=True)
+def test_polling_and_the_trigger_ride_out_one_outage_and_return_their_jobs_results(proxy, direct, capsys):
+    """One outage while two jobs run: one task polls its job, the other's trigger (rebuilt from its
+    serialized form, as the triggerer does) watches its own. Each retries through the whole outage,
+    neither job is stopped, and each returns its job's result."""
+    polled_ti, deferred_ti = FakeTaskInstance("echo_polled"), FakeTaskInstance("echo_deferred")
+    spec = {"payload": "survived", "sleep_seconds": 20}
+    deferring = echo(spec=spec, monitor_retry_seconds=120, deferrable=True)
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute({"ti": ti})
-    outage = Outage(proxy, direct, sid)
+        deferring.execute({"ti": deferred_ti})
+    polling = echo(spec=spec, monitor_retry_seconds=120)
+    polled: dict = {}
+    worker = threading.Thread(target=lambda: polled.update(polling.execute({"ti": polled_ti})))
+    worker.start()
+    outage = Outage(proxy, direct, submission_id(polled_ti))  # once the later job runs
     outage.start()
     event = run_trigger(deferred.value.trigger)
+    worker.join(timeout=120)
     outage.join(timeout=60)
+    assert polled.get("echo") == "survived", polled
     assert event["status"] == "success" and event["result"]["echo"] == "survived"
-    assert op.execute_complete({"ti": ti}, event)["echo"] == "survived"
-    assert_rode_out(outage, proxy, retry_lines(capsys), direct, sid)
+    assert deferring.execute_complete({"ti": deferred_ti}, event)["echo"] == "survived"
+    lines = retry_lines(capsys)
+    for ti in (polled_ti, deferred_ti):
+        sid = submission_id(ti)
+        assert_rode_out(outage, proxy, [line for line in lines if sid in line], direct, sid)
 
 
 @pytest.mark.parametrize("deferrable", [False, True], ids=["polling", "deferred"])

@@ -230,7 +230,10 @@ def test_a_cleared_task_after_its_partition_was_recommitted_trains_on_the_new_da
     reuse A's stored result: it trains again, on B's rows."""
     first = FakeTaskInstance("train", try_number=1)
     context = {"ti": first, "ds": "2026-11-05"}
-    before = make_operator(staged, tmp_path, config_overrides={"epochs": 1}).execute(context)
+    # a warm group (what the DAGs use): the point is which data the cleared try trains on
+    before = make_operator(staged, tmp_path, config_overrides={"epochs": 1}, worker_group="shared").execute(
+        context
+    )
     assert before["rows"]["train"] == 10000
 
     table = staged_table(staged)
@@ -238,9 +241,9 @@ def test_a_cleared_task_after_its_partition_was_recommitted_trains_on_the_new_da
         staged.partition_uri, {"train": table.slice(0, 6000), "test": table.slice(10000)}, {}
     )
     cleared = FakeTaskInstance("train", try_number=2, run_id=first.run_id)
-    after = make_operator(recommitted, tmp_path, config_overrides={"epochs": 1}).execute(
-        {"ti": cleared, "ds": "2026-11-05"}
-    )
+    after = make_operator(
+        recommitted, tmp_path, config_overrides={"epochs": 1}, worker_group="shared"
+    ).execute({"ti": cleared, "ds": "2026-11-05"})
     assert after["rows"]["train"] == 6000 and not after.get("reused")
     assert after["mlflow_run_id"] != before["mlflow_run_id"]
     assert RayHook(ray_conn).get_job(TaskIdentity.from_context({"ti": cleared}).submission_id()) is not None

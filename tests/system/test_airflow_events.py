@@ -47,12 +47,12 @@ def test_a_partition_landing_in_cos_starts_a_run_for_that_partition(api, live_st
         # uploaded again until seen: a marker that lands before the watcher's first listing is
         # history to it; a new upload is a new LastModified, so it is news
         hook.upload_bytes(b"", marker, bucket_name=BUCKET)
-        for _ in range(10):
+        for _ in range(10):  # the watcher lists every 3 s here (tests/system/conftest.py)
             runs = api.call("GET", f"/api/v2/dags/{WATCHER_DAG}/dagRuns")["dag_runs"]
             if runs:
                 run = runs[0]
                 break
-            time.sleep(3)
+            time.sleep(1)
         assert time.monotonic() < deadline, "no run of retrain_on_arrival after the partition landed"
 
     deadline = time.monotonic() + 300

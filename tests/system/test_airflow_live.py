@@ -149,7 +149,7 @@ def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generat
                 break
             except AssertionError as e:
                 assert "409" in str(e) and time.monotonic() < deadline, e
-                time.sleep(5)
+                time.sleep(1)
         deadline = time.monotonic() + 120
         while True:
             runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]

@@ -167,7 +167,7 @@ def test_scheduler_killed_during_a_backfill_each_date_is_produced_once_by_its_ow
             break
         except AssertionError as e:
             assert "409" in str(e) and time.monotonic() < deadline, e
-            time.sleep(5)
+            time.sleep(1)
     # generation ids start with their start time (``partitions.new_generation``): the first id it may write
     first_id = f"g{dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1):%Y%m%dT%H%M%S}"
     deadline = time.monotonic() + 120
