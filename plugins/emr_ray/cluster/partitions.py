@@ -157,9 +157,9 @@ def commit(
                         generation, partition_uri, superseded_by)  # fmt: skip
         _prune(partition_uri, keys, keep, abandon_after_s, options)
     except Exception as e:
-        log.warning("Generation %s of %s is committed, but listing its commits failed (%s): whether a later "
-                    "one superseded it is unknown, and old generations wait for the next commit's "
-                    "housekeeping", generation, partition_uri, e)  # fmt: skip
+        log.warning("Generation %s of %s is committed, but the check for a later commit or the housekeeping "
+                    "after it failed (%s): superseded_by may be unknown, and old generations wait for the "
+                    "next commit's housekeeping", generation, partition_uri, e)  # fmt: skip
     return Committed(partition_uri, generation, key, body, superseded_by)
 
 
