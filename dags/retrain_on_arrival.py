@@ -14,12 +14,11 @@ demo bucket), and the ``cos`` connection ``EMR_RAY_WATCH_CONN_ID`` (default ``co
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
-from emr_ray.params import history_start
+from emr_ray.params import history_start, task_defaults
 from emr_ray.triggers.cos import COSKeyTrigger
 
 RAW_URI = os.environ.get("EMR_RAY_RAW_URI", "cos://emr-ray-demo-1250000000/raw").rstrip("/")
@@ -47,7 +46,7 @@ with DAG(
     start_date=history_start(),
     catchup=False,
     tags=["emr-ray", "retraining", "event-driven"],
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "owner": "ml-platform"},
+    default_args=task_defaults(retries=1),
     doc_md=__doc__,
 ) as dag:
 

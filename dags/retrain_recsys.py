@@ -41,6 +41,7 @@ from emr_ray.params import (
     history_start,
     pipeline_params,
     spark_session_param,
+    task_defaults,
     worker_group_param,
 )
 from emr_ray.sensors.cos import COSSensor
@@ -65,7 +66,7 @@ with DAG(
     catchup=False,
     max_active_runs=MAX_ACTIVE_RUNS,  # the Ray pools guard the cluster
     tags=["emr-ray", "retraining", "recsys"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
+    default_args=task_defaults(),
     params={
         **pipeline_params(),
         "spark_session": spark_session_param(),

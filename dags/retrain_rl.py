@@ -25,6 +25,7 @@ from emr_ray.params import (
     daily_partitions,
     history_start,
     pipeline_params,
+    task_defaults,
 )
 
 CHECKPOINTS = "{{ var.value.get('emr_ray_checkpoint_uri', 'cos://emr-ray-demo-1250000000') }}"
@@ -37,7 +38,7 @@ with DAG(
     catchup=False,
     max_active_runs=MAX_ACTIVE_RUNS,  # the Ray pools guard the cluster
     tags=["emr-ray", "retraining", "reinforcement-learning"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
+    default_args=task_defaults(),
     params={
         # no input partition here: only the two reliability switches
         **{k: v for k, v in pipeline_params().items() if k != "partition"},

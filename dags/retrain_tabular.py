@@ -36,6 +36,7 @@ from emr_ray.params import (
     history_start,
     pipeline_params,
     spark_session_param,
+    task_defaults,
     worker_group_param,
 )
 from emr_ray.sensors.cos import COSSensor
@@ -58,7 +59,7 @@ with DAG(
     catchup=False,
     max_active_runs=MAX_ACTIVE_RUNS,  # the Ray pools guard the cluster
     tags=["emr-ray", "retraining", "tabular"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
+    default_args=task_defaults(),
     # Airflow 3's successor of SLAs: warn (the run goes on) when a run is not done 3 hours after it was queued
     deadline=warn_after(timedelta(hours=3)),
     params={

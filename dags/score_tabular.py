@@ -9,12 +9,10 @@ generation of ``<staging>/predictions/dt=<partition>/`` (see ``include/scoring/t
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from airflow.sdk import DAG, task
 
 from emr_ray.operators.mlflow import mlflow_model_asset
-from emr_ray.params import history_start
+from emr_ray.params import history_start, task_defaults
 
 MODEL = "tabular-mlp"
 STAGING = "{{ var.value.get('emr_ray_staging_uri', 'cos://emr-ray-demo-1250000000/staging') }}"
@@ -27,7 +25,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["emr-ray", "scoring", "tabular"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "owner": "ml-platform"},
+    default_args=task_defaults(),
     doc_md=__doc__,
 ) as dag:
 

@@ -95,6 +95,8 @@ class LocalAirflow:
     #: seconds between the asset watcher's listings of COS (``retrain_on_arrival``); None: the
     #: ``EMR_RAY_WATCH_INTERVAL`` variable of this process, else 10
     watch_interval_s: int | None = None
+    #: seconds between a task's tries in the DAGs (``EMR_RAY_RETRY_DELAY``); None: the DAGs' 120
+    retry_delay_s: int | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -129,6 +131,7 @@ class LocalAirflow:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             # retrain_on_arrival's asset watcher lists COS this often (its DAG reads it when parsed)
             "EMR_RAY_WATCH_INTERVAL": str(self.watch_interval_s or os.environ.get("EMR_RAY_WATCH_INTERVAL", "10")),
+            **({"EMR_RAY_RETRY_DELAY": str(self.retry_delay_s)} if self.retry_delay_s else {}),
         }  # fmt: skip
 
     def _airflow(self, *args: str) -> subprocess.CompletedProcess:

@@ -33,6 +33,28 @@ def history_start() -> Any:
         raise ValueError(f"{HISTORY_START_ENV}={value!r} is not a date like 2020-01-01.") from e
 
 
+#: the environment variable that sets the seconds between a task's tries in the provider's DAGs
+RETRY_DELAY_ENV = "EMR_RAY_RETRY_DELAY"
+#: the default: long enough for a restarted component (a Jobs API, a scheduler) to be back
+DEFAULT_RETRY_DELAY_S = 120
+
+
+def task_defaults(retries: int = 2) -> dict[str, Any]:
+    """The DAGs' ``default_args``: ``retries`` tries more, ``EMR_RAY_RETRY_DELAY`` seconds apart (120).
+
+    One copy for every DAG. Read from the environment when the DAG is parsed (never a database query);
+    a test stack sets a few seconds so that a retry it provokes does not wait two minutes.
+    """
+    import datetime as dt
+
+    value = os.environ.get(RETRY_DELAY_ENV) or str(DEFAULT_RETRY_DELAY_S)
+    try:
+        delay = dt.timedelta(seconds=float(value))
+    except ValueError as e:
+        raise ValueError(f"{RETRY_DELAY_ENV}={value!r} is not a number of seconds like 120.") from e
+    return {"retries": retries, "retry_delay": delay, "owner": "ml-platform"}
+
+
 #: how many runs of one DAG may be active at once: a run waiting for its partition must not hold up
 #: a manual run; what protects the cluster is the Ray pools below, not this
 MAX_ACTIVE_RUNS = 8

@@ -44,9 +44,9 @@ def live_stack(stack) -> Iterator[LocalStack]:
 def live_airflow(live_stack, tabular_good_run, tmp_path_factory) -> Iterator[LocalAirflow]:
     """The running Airflow (after the session's first ``dags test`` run registered the champion)."""
     # a killed scheduler's or triggerer's work moves on after 15 s instead of 30-60 s; a landing
-    # partition is seen within 3 s
+    # partition is seen within 3 s; a retry (Airflow 3.3's deferral race can cost one) waits 10 s, not 2 min
     airflow = LocalAirflow(live_stack, tmp_path_factory.mktemp("airflow-live") / "home", port=8080,
-                           health_check_s=15, watch_interval_s=3)  # fmt: skip
+                           health_check_s=15, watch_interval_s=3, retry_delay_s=10)  # fmt: skip
     try:  # stopped even when its start fails: no Airflow left running after the session
         yield airflow.start()
     finally:

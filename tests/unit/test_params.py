@@ -13,10 +13,12 @@ from emr_ray.cluster import storage
 from emr_ray.params import (
     PARTITION_PATTERN,
     PARTITION_TEMPLATE,
+    RETRY_DELAY_ENV,
     committed_generation,
     committed_output,
     partition_param,
     run_partition,
+    task_defaults,
 )
 from tests.unit.run_contexts import KINDS, RunKind
 
@@ -60,3 +62,13 @@ def test_run_partition_is_what_the_partition_template_renders(kind: RunKind):
 def test_a_context_without_any_date_has_no_partition():
     assert run_partition({"params": {}}) is None
     assert run_partition({"ds": "2026-11-02"}) == "2026-11-02"
+
+
+def test_every_task_retries_two_minutes_apart_unless_the_environment_says_otherwise(monkeypatch):
+    monkeypatch.delenv(RETRY_DELAY_ENV, raising=False)
+    assert task_defaults()["retries"] == 2 and task_defaults()["retry_delay"].total_seconds() == 120
+    monkeypatch.setenv(RETRY_DELAY_ENV, "10")
+    assert task_defaults(retries=1)["retry_delay"].total_seconds() == 10
+    monkeypatch.setenv(RETRY_DELAY_ENV, "2m")
+    with pytest.raises(ValueError, match="EMR_RAY_RETRY_DELAY='2m' is not a number of seconds"):
+        task_defaults()
