@@ -88,7 +88,7 @@ def score_partition(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from emr_ray.cluster import partitions, storage
+    from emr_ray.cluster import partitions, retention, storage
 
     source = staged_uri(staging_uri, partition)
     if generation:
@@ -116,6 +116,7 @@ def score_partition(
     }
     scored = table.append_column(PREDICTION_COLUMN, pa.array(predicted))
     written = partitions.write_tables(final, {"predictions": scored}, manifest, options)
+    retention.tidy(final, options)
     print(f"Scored {table.num_rows} rows of {source} (generation {committed.generation}) with "
           f"{model_name} v{version}: accuracy {accuracy:.4f}")  # fmt: skip
     return {

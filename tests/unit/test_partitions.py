@@ -1,4 +1,6 @@
-"""The generation protocol on the local filesystem: whole or nothing, pinned reads, pruning, old layout.
+"""The generation protocol on the local filesystem: whole or nothing, pinned reads, commit order, old layout.
+
+What is removed and when (retention by reference and time) is in ``test_retention.py``.
 
 The same protocol on the COS stand-in and the WebHDFS stand-in, with crashes and two writers at
 once, is in ``tests/integration/test_partition_faults.py``.
@@ -6,6 +8,7 @@ once, is in ``tests/integration/test_partition_faults.py``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 
@@ -13,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray.cluster import partitions, storage
+from emr_ray.cluster import partitions, retention, storage
 
 
 def rows(n: int, start: int = 0) -> pa.Table:
@@ -52,21 +55,44 @@ def test_a_rerun_makes_a_new_generation_current_and_the_pinned_one_stays_readabl
     assert first.digest() != second.digest()
 
 
-def test_old_generations_are_removed_beyond_keep(partition):
-    made = [partitions.write_tables(partition, {"train": rows(1, i)}, {}, keep=2) for i in range(4)]
-    root = storage.split_uri(partition)[1]
-    assert sorted(os.listdir(f"{root}/_generations")) == sorted(c.generation for c in made[-2:])
-    with pytest.raises(storage.StorageError, match="not committed, or was removed"):
-        partitions.pinned(partition, made[0].generation)
+def test_commit_order_follows_what_the_writers_saw_not_their_clocks(partition):
+    """A writer whose clock runs years ahead commits first; the next writer, with a right clock,
+    commits after it and is current: its key's sequence is one above what it listed."""
+    ahead = partitions.new_generation(dt.datetime(2031, 1, 1, tzinfo=dt.UTC))
+    folder = storage.split_uri(partitions.output_uri(partition, ahead, "train"))[1]
+    os.makedirs(folder)
+    pq.write_table(rows(3), f"{folder}/part-0.parquet")
+    first = partitions.commit(partition, ahead, {"outputs": {"train": {"rows": 3}}})
+    second = partitions.write_tables(partition, {"train": rows(4)}, {})
+    assert (first.key[:11], second.key[:11]) == ("c0000000001", "c0000000002")
+    assert partitions.current(partition).generation == second.generation
+    assert first.superseded_by is None and second.superseded_by is None
 
 
-def test_an_abandoned_generation_is_cleaned_only_once_it_is_old(partition):
-    root = storage.split_uri(partition)[1]
-    os.makedirs(f"{root}/_generations/g20200101T000000-deadbeef/train")  # a writer that died long ago
-    fresh = partitions.new_generation()
-    os.makedirs(f"{root}/_generations/{fresh}/train")  # a writer still at work
-    committed = partitions.write_tables(partition, {"train": rows(2)}, {})
-    assert sorted(os.listdir(f"{root}/_generations")) == sorted([fresh, committed.generation])
+def test_a_file_dropped_into_commits_is_never_current(partition):
+    """Only names this module writes, with a manifest of their own generation, are commits."""
+    good = partitions.write_tables(partition, {"train": rows(2)}, {})
+    commits = f"{storage.split_uri(partition)[1]}/_commits"
+    for name, body in [("zzz-latest.json", {"generation": "x", "outputs": {}}),
+                       ("c9999999999-g20991231T000000-0badc0de.json", {"generation": good.generation, "outputs": {}}),
+                       ("c9999999998-g20991231T000000-00000000.json", "not json")]:  # fmt: skip
+        with open(f"{commits}/{name}", "w") as f:
+            f.write(body if isinstance(body, str) else json.dumps(body))
+    assert partitions.current(partition).generation == good.generation
+    assert read_all(partitions.current(partition), "train") == [0, 1]
+
+
+def test_a_commit_refuses_rows_its_files_do_not_hold(partition):
+    """Files swept or added while the generation was written: the manifest would lie, so no commit."""
+    generation = partitions.new_generation()
+    folder = storage.split_uri(partitions.output_uri(partition, generation, "train"))[1]
+    os.makedirs(folder)
+    pq.write_table(rows(5), f"{folder}/part-0.parquet")
+    with pytest.raises(storage.StorageError, match="declares 7 rows but its 1 file.s. hold 5"):
+        partitions.commit(partition, generation, {"outputs": {"train": {"rows": 7}}})
+    assert partitions.current(partition) is None
+    with pytest.raises(storage.StorageError, match="is not a generation id"):
+        partitions.commit(partition, "../elsewhere", {"outputs": {"train": {"rows": 5}}})
 
 
 def test_a_file_changed_behind_the_manifest_is_refused(partition):
@@ -97,6 +123,7 @@ def test_a_partition_of_the_previous_layout_is_read_then_replaced(partition):
     legacy = partitions.current(partition)
     assert legacy.generation == partitions.LEGACY and read_all(legacy, "train") == [0, 1, 2, 3]
     partitions.write_tables(partition, {"train": rows(2)}, {})
+    retention.tidy(partition)  # the writer's housekeeping after its commit
     assert sorted(os.listdir(root)) == ["_commits", "_generations"]
     assert not any(n.startswith("_tmp_") for n in os.listdir(f"{root}/.."))
 

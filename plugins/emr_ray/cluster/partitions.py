@@ -4,22 +4,30 @@ Layout of a partition this provider writes (raw input partitions from outside ke
 
     <root>/<dataset>/dt=YYYY-MM-DD/
         _generations/<generation>/<output>/part-*.parquet   one writer's files, never touched again
-        _commits/<commit key>.json                          one manifest per committed generation
+        _generations/<generation>/_writer.json              the writer's lease, renewed while it writes
+        _commits/c<sequence>-<generation>.json              one manifest per committed generation
+        _pins/<generation>/<holder>.json                    who still needs a generation (retention.py)
 
 A writer puts its files under a generation of its own (:func:`new_generation`), then commits in ONE
-atomic step: it writes the generation's manifest, which lists every file with its size and sha256,
-as a new file under ``_commits/`` (a single PUT on object storage; write then rename onto a new name
-on ``file://`` and HDFS, where that rename is atomic). Commit keys start with the commit time, so
-the current generation is the one whose key sorts last. Nothing is deleted or moved before the
-commit, so a crash at any point leaves the previous generation current and byte-identical, and two
-writers never mix files: the last commit wins whole and the other writer learns it was superseded.
+atomic step: it writes the generation's manifest, which lists every file with its size and sha256
+and checks the rows it declares against the files' Parquet footers, as a new file under
+``_commits/`` (a single PUT on object storage; write then rename onto a new name on ``file://`` and
+HDFS, where that rename is atomic). Nothing is deleted or moved before the commit, so a crash at any
+point leaves the previous generation current and byte-identical, and two writers never mix files:
+the last commit wins whole and the other writer learns it was superseded.
+
+**Which commit is current follows what the writers saw, not their clocks**: a commit's key starts
+with a sequence number one above the highest the writer listed, so a commit made after another
+was visible always sorts after it, whatever the two machines' clocks say; two commits made
+concurrently (the same number) are ordered by generation id. Only names of that form whose manifest
+names its own generation count: a file dropped into ``_commits/`` by hand is ignored, never current.
+(Keys of the previous form, ``<commit time>-<generation>``, sort before every sequence key.)
 
 Readers read exactly the files a manifest lists and check their sizes (:func:`dataset_files`); a
-task that must not see a later commit pins its generation (:func:`pinned`). After each commit the
-writer keeps the newest ``keep`` committed generations and removes older ones, and removes
-abandoned generations (never committed) older than ``abandon_after_s``. Partitions of the previous
-layout (files, ``_manifest.json`` and ``_SUCCESS`` directly under ``dt=...``) are read as one
-generation named ``legacy``; the next run's commit supersedes it.
+task that must not see a later commit pins its generation (:func:`pinned`). What is removed, and
+when, is :mod:`emr_ray.cluster.retention`'s job: by reference and time, never by a count alone.
+Partitions of the previous layout (files, ``_manifest.json`` and ``_SUCCESS`` directly under
+``dt=...``) are read as one generation named ``legacy``; the next run's commit supersedes it.
 
 Why not a table format: Delta Lake and Iceberg writes from Spark need their JVM jars (downloaded from
 Maven at session start, which these clusters and this development machine cannot reach), and
@@ -33,7 +41,11 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import re
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +56,15 @@ log = logging.getLogger(__name__)
 GENERATIONS = "_generations"
 COMMITS = "_commits"
 LEGACY = "legacy"
+PINS = "_pins"
+WRITER_LEASE = "_writer.json"
 FORMAT = "emr_ray.partition/2"
-#: committed generations kept per partition (older ones are removed after each commit)
-DEFAULT_KEEP = 3
-#: an uncommitted generation older than this is abandoned (its writer died) and removed
-DEFAULT_ABANDON_AFTER_S = 6 * 3600
+#: seconds between two renewals of a writer's lease (retention.py judges a writer by it)
+LEASE_RENEW_S = 300.0
+#: what a generation id looks like (:func:`new_generation`); anything else is not ours
+GENERATION_PATTERN = re.compile(r"g[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")
+_SEQUENCE_KEY = re.compile(rf"c(?P<sequence>[0-9]{{10}})-(?P<generation>{GENERATION_PATTERN.pattern})")
+_TIMED_KEY = re.compile(rf"[0-9]{{8}}T[0-9]{{12}}Z-(?P<generation>{GENERATION_PATTERN.pattern})")
 
 
 class CommitStateUnknown(OSError):
@@ -108,24 +124,40 @@ class Committed:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class CommitEntry:
+    """One valid name under ``_commits/``: its key, sequence (0 for the previous key form), generation,
+    and when the store wrote it (the store's clock, never a writer's)."""
+
+    key: str
+    sequence: int
+    generation: str
+    written_at: dt.datetime | None
+
+    @property
+    def order(self) -> tuple[int, str]:
+        return (self.sequence, self.key if self.sequence == 0 else self.generation)
+
+
 # -- writing --------------------------------------------------------------------------------------
 def commit(
     partition_uri: str,
     generation: str,
     manifest: dict[str, Any],
     options: storage.StorageOptions | None = None,
-    *,
-    keep: int = DEFAULT_KEEP,
-    abandon_after_s: float = DEFAULT_ABANDON_AFTER_S,
 ) -> Committed:
     """Make ``generation`` current: list its files (size, sha256) into ``manifest`` and write it atomically.
 
     ``manifest["outputs"]`` names the outputs (each a folder under the generation); their ``files``
-    are filled in here. Returns the commit, with ``superseded_by`` set when another writer committed
-    a later generation by the time this one finished.
+    are filled in here, and a ``rows`` an output declares must be what its Parquet files hold. Returns
+    the commit, with ``superseded_by`` set when another writer committed after it (or concurrently,
+    with a later generation id) by the time this one finished. Removing older generations is
+    :func:`emr_ray.cluster.retention.tidy`'s job, after this.
     """
-    if keep < 1:
-        raise storage.StorageError(f"keep={keep}: keep at least the current generation.")
+    if not GENERATION_PATTERN.fullmatch(generation):
+        raise storage.StorageError(
+            f"{generation!r} is not a generation id; take one from partitions.new_generation()."
+        )
     fsys, root = storage.resolve(generation_uri(partition_uri, generation), options)
     outputs = {name: dict(entry) for name, entry in (manifest.get("outputs") or {}).items()}
     for name, entry in outputs.items():
@@ -135,8 +167,10 @@ def commit(
                 f"Output {name!r} of generation {generation} of {partition_uri} has no data files; "
                 "the writer produced nothing for it."
             )
+        _check_rows(partition_uri, generation, name, entry, fsys, storage.split_uri(partition_uri)[1])
+    seen = commit_log(partition_uri, options)
+    key = f"c{max((e.sequence for e in seen), default=0) + 1:010d}-{generation}"
     now = dt.datetime.now(dt.UTC)
-    key = f"{now:%Y%m%dT%H%M%S%fZ}-{generation}"
     body = {**manifest, "outputs": outputs, "format": FORMAT, "generation": generation,
             "committed_at": now.isoformat()}  # fmt: skip
     name = f"{COMMITS}/{key}.json"
@@ -149,18 +183,86 @@ def commit(
     # Committed from here on: nothing below may fail the commit (its writer would discard what is current)
     superseded_by = None
     try:
-        keys = _commit_keys(partition_uri, options)
-        later = [k for k in keys if k > key]
-        superseded_by = _generation_of(later[-1]) if later else None
+        entries = commit_log(partition_uri, options)
+        mine = next((e for e in entries if e.key == key), None)
+        later = [e for e in entries if mine is not None and e.order > mine.order]
+        superseded_by = later[-1].generation if later else None
         if superseded_by:
             log.warning("Generation %s of %s was superseded by %s, committed later by another writer",
                         generation, partition_uri, superseded_by)  # fmt: skip
-        _prune(partition_uri, keys, keep, abandon_after_s, options)
     except Exception as e:
-        log.warning("Generation %s of %s is committed, but the check for a later commit or the housekeeping "
-                    "after it failed (%s): superseded_by may be unknown, and old generations wait for the "
-                    "next commit's housekeeping", generation, partition_uri, e)  # fmt: skip
+        log.warning("Generation %s of %s is committed, but the check for a later commit failed (%s): "
+                    "superseded_by is unknown", generation, partition_uri, e)  # fmt: skip
     return Committed(partition_uri, generation, key, body, superseded_by)
+
+
+def _check_rows(
+    partition_uri: str, generation: str, output: str, entry: dict[str, Any], fsys: Any, partition_root: str
+) -> None:
+    """Refuse a manifest whose declared ``rows`` are not what its Parquet files hold (their footers)."""
+    import pyarrow.parquet as pq
+
+    declared = entry.get("rows")
+    files = entry["files"]
+    if not isinstance(declared, int) or isinstance(declared, bool):
+        return
+    if not all(f["path"].endswith(".parquet") for f in files):
+        return  # only Parquet footers say their rows without reading the data
+    held = 0
+    for item in files:
+        with fsys.open_input_file(f"{partition_root}/{item['path']}") as f:
+            held += pq.ParquetFile(f).metadata.num_rows
+    if held != declared:
+        raise storage.StorageError(
+            f"Output {output!r} of generation {generation} of {partition_uri} declares {declared} rows but "
+            f"its {len(files)} file(s) hold {held}: files were removed or added while it was written "
+            "(another writer's housekeeping, or a second writer on this generation). Nothing was committed; "
+            "run the task again."
+        )
+
+
+@contextmanager
+def writer_lease(
+    partition_uri: str,
+    generation: str,
+    options: storage.StorageOptions | None = None,
+    every_s: float = LEASE_RENEW_S,
+) -> Iterator[None]:
+    """Hold ``generation``'s lease while writing it: ``_writer.json`` is written now and again every
+    ``every_s`` from a thread of its own, so housekeeping sees the writer active however long it
+    writes (:func:`emr_ray.cluster.retention.plan`). A renewal that fails is logged and retried."""
+    import os
+    import socket
+
+    target = f"{storage.join(generation_uri(partition_uri, generation), WRITER_LEASE)}"
+    stop = threading.Event()
+    beats = 0
+
+    def renew() -> None:
+        nonlocal beats
+        beats += 1
+        body = {"generation": generation, "host": socket.gethostname(), "pid": os.getpid(), "beat": beats}
+        fsys, path = storage.resolve(target, options)
+        fsys.create_dir(path.rpartition("/")[0], recursive=True)
+        with fsys.open_output_stream(path) as f:
+            f.write(json.dumps(body).encode())
+
+    def keep_renewing() -> None:
+        while not stop.wait(every_s):
+            try:
+                renew()
+            except Exception as e:
+                log.warning("Could not renew the writer lease of generation %s of %s: %s", generation,
+                            partition_uri, e)  # fmt: skip
+
+    renew()
+    beater = threading.Thread(target=keep_renewing, name=f"lease-{generation}", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join(timeout=5)
 
 
 def _landed(partition_uri: str, name: str, options: storage.StorageOptions | None, error: Exception) -> bool:
@@ -183,24 +285,25 @@ def _landed(partition_uri: str, name: str, options: storage.StorageOptions | Non
 
 
 def write_tables(
-    partition_uri: str, tables: dict[str, Any], manifest: dict[str, Any], options=None, **commit_args: Any
+    partition_uri: str, tables: dict[str, Any], manifest: dict[str, Any], options=None
 ) -> Committed:
     """Write pyarrow tables as one new generation (one Parquet file per output) and commit it.
 
-    For writers without Spark: tests, benchmarks, scoring.
+    For writers without Spark: tests, benchmarks, scoring (their housekeeping: ``retention.tidy``).
     """
     import pyarrow.parquet as pq
 
     generation = new_generation()
     fsys, _ = storage.resolve(partition_uri, options)
     outputs = dict(manifest.get("outputs") or {})
-    for name, table in tables.items():
-        _, folder = storage.split_uri(output_uri(partition_uri, generation, name))
-        fsys.create_dir(folder, recursive=True)
-        with fsys.open_output_stream(f"{folder}/part-00000.parquet") as f:
-            pq.write_table(table, f)
-        outputs[name] = {"rows": table.num_rows, **outputs.get(name, {})}
-    return commit(partition_uri, generation, {**manifest, "outputs": outputs}, options, **commit_args)
+    with writer_lease(partition_uri, generation, options):
+        for name, table in tables.items():
+            _, folder = storage.split_uri(output_uri(partition_uri, generation, name))
+            fsys.create_dir(folder, recursive=True)
+            with fsys.open_output_stream(f"{folder}/part-00000.parquet") as f:
+                pq.write_table(table, f)
+            outputs[name] = {"rows": table.num_rows, **outputs.get(name, {})}
+        return commit(partition_uri, generation, {**manifest, "outputs": outputs}, options)
 
 
 def discard(partition_uri: str, generation: str, options: storage.StorageOptions | None = None) -> None:
@@ -220,10 +323,12 @@ def discard(partition_uri: str, generation: str, options: storage.StorageOptions
 # -- reading --------------------------------------------------------------------------------------
 def current(partition_uri: str, options: storage.StorageOptions | None = None) -> Committed | None:
     """The current (last committed) generation, a ``legacy`` one for the old layout, or None."""
-    keys = _commit_keys(partition_uri, options)
-    if keys:
-        return _load(partition_uri, keys[-1], options)
-    return _legacy(partition_uri, options)
+    entries = commit_log(partition_uri, options)
+    for entry in reversed(entries):  # the newest valid commit; a manifest that is not one is skipped
+        committed = _load(partition_uri, entry, options)
+        if committed is not None:
+            return committed
+    return None if entries else legacy_generation(partition_uri, options)
 
 
 def require_current(partition_uri: str, options: storage.StorageOptions | None = None) -> Committed:
@@ -240,15 +345,16 @@ def require_current(partition_uri: str, options: storage.StorageOptions | None =
 def pinned(partition_uri: str, generation: str, options: storage.StorageOptions | None = None) -> Committed:
     """Exactly ``generation`` of the partition (what a run's own preprocessing committed)."""
     if generation == LEGACY:
-        legacy = _legacy(partition_uri, options)
+        legacy = legacy_generation(partition_uri, options)
         if legacy is not None:
             return legacy
-    for key in _commit_keys(partition_uri, options):
-        if _generation_of(key) == generation:
-            return _load(partition_uri, key, options)
+    for entry in commit_log(partition_uri, options):
+        if entry.generation == generation and (committed := _load(partition_uri, entry, options)):
+            return committed
     raise storage.StorageError(
-        f"Generation {generation} of {partition_uri} is not committed, or was removed after "
-        f"{DEFAULT_KEEP} newer commits; clear the preprocessing task of this run to produce it again."
+        f"Generation {generation} of {partition_uri} is not committed, or was removed by retention (no "
+        "model version, running task or pin named it, and it was superseded longer ago than the retention "
+        "period); clear the preprocessing task of this run to produce it again."
     )
 
 
@@ -259,7 +365,7 @@ def for_output_uri(uri: str, options: storage.StorageOptions | None = None) -> t
         partition_uri, generation, output = parts
         return pinned(partition_uri, generation, options), output
     partition_uri, _, output = uri.rstrip("/").rpartition("/")
-    legacy = _legacy(partition_uri, options)
+    legacy = legacy_generation(partition_uri, options)
     if legacy is None:
         raise storage.StorageError(
             f"{uri} is not an output of a committed generation (<partition>/{GENERATIONS}/<generation>/"
@@ -333,27 +439,52 @@ def _write_atomically(
     fsys.move(hidden, target)  # a rename onto a new name: atomic on POSIX and HDFS
 
 
-def _commit_keys(partition_uri: str, options: storage.StorageOptions | None) -> list[str]:
+def commit_log(partition_uri: str, options: storage.StorageOptions | None = None) -> list[CommitEntry]:
+    """The partition's commits, oldest first (the last is current): only names this module writes."""
     from pyarrow import fs as pafs
 
     fsys, root = storage.resolve(storage.join(partition_uri, COMMITS), options)
     infos = fsys.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    names = (i.base_name for i in infos if i.type == pafs.FileType.File)
-    return sorted(n[: -len(".json")] for n in names if n.endswith(".json") and not n.startswith("."))
+    entries = []
+    for info in infos:
+        name = info.base_name
+        if info.type != pafs.FileType.File or name.startswith(".") or not name.endswith(".json"):
+            continue
+        key = name[: -len(".json")]
+        if match := _SEQUENCE_KEY.fullmatch(key):
+            sequence = int(match["sequence"])
+        elif match := _TIMED_KEY.fullmatch(key):
+            sequence = 0
+        else:
+            log.warning("Ignoring %s/%s: not a commit this provider wrote", root, name)
+            continue
+        written_at = info.mtime.astimezone(dt.UTC) if info.mtime is not None else None
+        entries.append(CommitEntry(key, sequence, match["generation"], written_at))
+    return sorted(entries, key=lambda e: e.order)
 
 
-def _generation_of(key: str) -> str:
-    return key.partition("-")[2]
-
-
-def _load(partition_uri: str, key: str, options: storage.StorageOptions | None) -> Committed:
+def _load(partition_uri: str, entry: CommitEntry, options: storage.StorageOptions | None) -> Committed | None:
+    """The commit ``entry`` names, or None (logged) when its manifest is not one of ours for it."""
     fsys, root = storage.resolve(partition_uri, options)
-    with fsys.open_input_stream(f"{root}/{COMMITS}/{key}.json") as f:
-        manifest = json.loads(f.read().decode())
-    return Committed(partition_uri, _generation_of(key), key, manifest)
+    with fsys.open_input_stream(f"{root}/{COMMITS}/{entry.key}.json") as f:
+        raw = f.read()
+    try:
+        manifest = json.loads(raw.decode())
+    except ValueError:
+        manifest = None
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("generation") != entry.generation
+        or not str(manifest.get("format", "")).startswith("emr_ray.partition/")
+        or not isinstance(manifest.get("outputs"), dict)
+    ):
+        log.warning("Ignoring commit %s of %s: its manifest is not a manifest of generation %s",
+                    entry.key, partition_uri, entry.generation)  # fmt: skip
+        return None
+    return Committed(partition_uri, entry.generation, entry.key, manifest)
 
 
-def _legacy(partition_uri: str, options: storage.StorageOptions | None) -> Committed | None:
+def legacy_generation(partition_uri: str, options: storage.StorageOptions | None = None) -> Committed | None:
     """A partition of the previous layout, described as one generation (read-only)."""
     from pyarrow import fs as pafs
 
@@ -372,56 +503,3 @@ def _legacy(partition_uri: str, options: storage.StorageOptions | None) -> Commi
         "%s uses the previous partition layout; its next commit replaces it with a generation", partition_uri
     )
     return Committed(partition_uri, LEGACY, LEGACY, {**manifest, "outputs": outputs, "generation": LEGACY})
-
-
-def _prune(
-    partition_uri: str,
-    keys: list[str],
-    keep: int,
-    abandon_after_s: float,
-    options: storage.StorageOptions | None,
-) -> None:
-    """Remove committed generations beyond the newest ``keep``, and abandoned uncommitted ones."""
-    from pyarrow import fs as pafs
-
-    fsys, root = storage.resolve(partition_uri, options)
-    committed = {_generation_of(k) for k in keys}
-    for key in keys[:-keep]:
-        _delete_quietly(fsys, f"{root}/{GENERATIONS}/{_generation_of(key)}", directory=True)
-        _delete_quietly(fsys, f"{root}/{COMMITS}/{key}.json", directory=False)
-    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=abandon_after_s)
-    infos = fsys.get_file_info(pafs.FileSelector(f"{root}/{GENERATIONS}", allow_not_found=True))
-    for info in infos:
-        started = _started(info.base_name)
-        if (
-            info.type == pafs.FileType.Directory
-            and info.base_name not in committed
-            and started
-            and started < cutoff
-        ):
-            log.info("Removing abandoned generation %s of %s", info.base_name, partition_uri)
-            _delete_quietly(fsys, info.path, directory=True)
-    legacy = _legacy(partition_uri, options) if keys else None
-    if legacy is not None:  # the previous layout, now superseded: marker first, so no reader trusts it
-        _delete_quietly(fsys, f"{root}/{storage.SUCCESS_MARKER}", directory=False)
-        _delete_quietly(fsys, f"{root}/{storage.MANIFEST}", directory=False)
-        for name in legacy.outputs:
-            _delete_quietly(fsys, f"{root}/{name}", directory=True)
-    parent, _, name = root.rpartition("/")  # temporaries of the previous layout's commit, left by crashes
-    for info in fsys.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
-        if info.type == pafs.FileType.Directory and info.base_name.startswith(f"_tmp_{name}_"):
-            _delete_quietly(fsys, info.path, directory=True)
-
-
-def _started(generation: str) -> dt.datetime | None:
-    try:
-        return dt.datetime.strptime(generation[1:16], "%Y%m%dT%H%M%S").replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None
-
-
-def _delete_quietly(fsys: Any, path: str, *, directory: bool) -> None:
-    try:
-        fsys.delete_dir(path) if directory else fsys.delete_file(path)
-    except Exception:  # pruning is housekeeping: never fail a commit that already happened
-        log.warning("Could not remove %s", path, exc_info=True)

@@ -16,6 +16,7 @@ committed as generations (:mod:`emr_ray.cluster.partitions`).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -233,7 +234,27 @@ def _webhdfs(uri: str, options: StorageOptions | None):
         user=options.hdfs_user if options else None,
         use_https=https,
     )
-    return fs.PyFileSystem(fs.FSSpecHandler(client))
+    return fs.PyFileSystem(_webhdfs_handler()(client))
+
+
+@functools.cache
+def _webhdfs_handler() -> type:
+    """fsspec's pyarrow handler, with modification times: WebHDFS names them ``modificationTime`` (ms
+    since the epoch, by the NameNode's clock), which the generic handler does not read; retention
+    judges ages by them (:mod:`emr_ray.cluster.retention`). Made on first use: pyarrow loads lazily."""
+    from pyarrow import fs
+
+    class WebHDFSHandler(fs.FSSpecHandler):
+        @staticmethod
+        def _create_file_info(path: str, info: dict) -> Any:
+            made = fs.FSSpecHandler._create_file_info(path, info)
+            millis = info.get("modificationTime")
+            if made.mtime is None and isinstance(millis, int | float) and millis > 0:
+                moment = dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
+                return fs.FileInfo(path, made.type, size=made.size, mtime=moment)
+            return made
+
+    return WebHDFSHandler
 
 
 def spark_hadoop_configs(uris: list[str], options: StorageOptions | None = None) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from emr_ray import lineage
@@ -48,8 +49,10 @@ class RayDPSparkOperator(RayJobOperator):
         and released earlier when a job needs its CPUs), which saves a partition Spark's start-up,
         about 18 s here (:mod:`emr_ray.cluster.jobs.spark_session`; templated).
     :param spark_idle_timeout: seconds a shared session waits unused before it stops (templated).
-    :param keep_generations: committed generations kept per partition; older ones are removed
-        after each commit (a run still reading one of them needs it kept).
+    :param keep_generations: committed generations always kept per partition, whatever their age.
+    :param retain_generations: how long a superseded generation stays at least (timedelta or seconds;
+        default 7 days); one that a model version or a pin names stays whatever its age
+        (:mod:`emr_ray.cluster.retention`; the ``partition_housekeeping`` DAG releases what none needs).
     :param validate_only: a quick dry run: check that the input partition is committed, matches the
         declared schema and count its rows from the Parquet footers; no Spark, nothing written
         (templated: ``"{{ params.dry_run }}"``).
@@ -84,12 +87,14 @@ class RayDPSparkOperator(RayJobOperator):
         placement_group_strategy: str | None = None,
         validate_only: bool | str = False,
         keep_generations: int = 3,
+        retain_generations: timedelta | float = timedelta(days=7),
         spark_session: str = "job",
         spark_idle_timeout: int | str = 600,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.keep_generations = keep_generations
+        self.retain_generations = retain_generations
         self.preprocess = preprocess
         self.input_uri = input_uri
         self.output_uri = output_uri
@@ -117,6 +122,7 @@ class RayDPSparkOperator(RayJobOperator):
             config=self.config,
             validate_only=as_bool(self.validate_only),
             keep_generations=int(self.keep_generations),
+            retain_generations_s=_seconds(self.retain_generations),
             spark=SparkSettings(
                 app_name=self.app_name or f"{identity.dag_id}-{identity.task_id}",
                 num_executors=int(self.num_executors),
@@ -164,3 +170,8 @@ class RayDPSparkOperator(RayJobOperator):
             self.log.warning("Lineage without schemas and file counts: could not read the manifest of "
                              "generation %s of %s (%s)", result["generation"], uri, e)  # fmt: skip
             return None
+
+
+def _seconds(value: timedelta | float | str) -> float:
+    """A retention given as a timedelta or as seconds (a template renders a number as text)."""
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)

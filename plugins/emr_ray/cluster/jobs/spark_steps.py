@@ -7,13 +7,14 @@ generation is removed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray.cluster import partitions, storage
+from emr_ray.cluster import partitions, retention, storage
 from emr_ray.cluster.jobs._runtime import JobInputError
 from emr_ray.cluster.jobs.validation import value_problems
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings, import_by_path
@@ -190,6 +191,7 @@ def preprocess_partition(
     committed = None
     unknown = False  # the commit failed with its outcome unknown (partitions.CommitStateUnknown)
     cached: list[Any] = []  # a shared session serves the next partition: free its memory for that
+    lease = contextlib.ExitStack()
     try:
         df = read_partition(spark, input_uri, files, options).cache()
         cached.append(df)
@@ -204,6 +206,8 @@ def preprocess_partition(
         if not isinstance(outputs, dict):
             outputs = {"data": outputs}
         written: dict[str, Any] = {}
+        # from its first file on, the lease tells housekeeping this writer is active, however long it writes
+        lease.enter_context(partitions.writer_lease(output_uri, generation, options))
         for name, out in outputs.items():
             out = out.cache()
             cached.append(out)
@@ -224,14 +228,15 @@ def preprocess_partition(
             "preprocess": spec.preprocess,
         }
         try:
-            committed = partitions.commit(
-                output_uri, generation, manifest, options, keep=spec.keep_generations
-            )
+            committed = partitions.commit(output_uri, generation, manifest, options)
         except partitions.CommitStateUnknown:
             unknown = True  # perhaps current: its files stay
             raise
+        policy = retention.Policy(keep=spec.keep_generations, retain_s=spec.retain_generations_s)
+        retention.tidy(output_uri, options, policy)
         lap("commit")
     finally:
+        lease.close()
         for frame in cached:
             try:
                 frame.unpersist()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from emr_ray.cluster import partitions, storage
+from emr_ray.cluster import partitions, retention, storage
 from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group, warm
 from emr_ray.cluster.jobs import compare as comparing
 from emr_ray.cluster.jobs import train_mlflow as tracking
@@ -120,6 +120,23 @@ def planned_rows(plan: dict[str, Any], spec: TrainJobSpec) -> dict[str, int]:
             "use fewer workers or a larger partition."
         )
     return rows
+
+
+def pin_inputs(spec: TrainJobSpec, inputs: Inputs, options: storage.StorageOptions,
+               mlflow_run_id: str | None = None) -> None:  # fmt: skip
+    """Pin each input generation for this training (``train-<run name>``), with its MLflow run once
+    known: retention keeps them while it reads, and afterwards while a model version of that run is
+    registered (the housekeeping DAG asks MLflow). A pin that cannot be written is logged: the
+    retention period still protects the read."""
+    for committed, _ in inputs.values():
+        if committed.generation == partitions.LEGACY:
+            continue
+        try:
+            retention.pin(committed.partition_uri, committed.generation, f"train-{spec.run_name}", options,
+                          kind="training", run_name=spec.run_name, mlflow_run_id=mlflow_run_id)  # fmt: skip
+        except Exception as e:
+            log.warning("Could not pin generation %s of %s for this training: %s",
+                        committed.generation, committed.partition_uri, e)  # fmt: skip
 
 
 # -- step 2: resume state ---------------------------------------------------------------------------
@@ -281,6 +298,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
     import_by_path(spec.train_loop)
     import_by_path(f"{spec.model_module}:build_model")  # fail before training, not after it
     inputs = resolve_inputs(spec, options)
+    pin_inputs(spec, inputs, options)
     print_key = fingerprint(spec, input_manifests(spec, options, inputs))
     run_state = RunState(*storage.resolve(storage.join(spec.storage_path, spec.run_name), options))
     state = resume_state(spec, run_state, print_key, force=os.environ.get(FORCE_ENV) == "1")
@@ -314,6 +332,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
     def record_run(run_id: str) -> None:  # before this attempt's first checkpoint: a retry resumes the run
         state["mlflow_run_id"] = run_id
         run_state.write(state)
+        pin_inputs(spec, inputs, options, run_id)
 
     mlflow_run_id: str | None = None
     if spec.worker_group == "shared":  # a warm group that outlives this job (jobs/train_group.py)
