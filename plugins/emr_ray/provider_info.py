@@ -135,6 +135,7 @@ def get_provider_info() -> dict:
             },
             {"integration-name": "MLflow", "python-modules": ["emr_ray.operators.mlflow"]},
             {"integration-name": "Tencent COS", "python-modules": ["emr_ray.operators.cos"]},
+            {"integration-name": "Partitions", "python-modules": ["emr_ray.operators.housekeeping"]},
         ],
         "sensors": [{"integration-name": "Tencent COS", "python-modules": ["emr_ray.sensors.cos"]}],
         "triggers": [

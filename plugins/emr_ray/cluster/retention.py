@@ -96,6 +96,51 @@ class Removal:
         return f"{self.kind} {self.name} of {self.partition_uri}: {self.reason}"
 
 
+@dataclass(frozen=True)
+class References:
+    """What the model registry still names, looked up by housekeeping (:mod:`emr_ray.housekeeping`).
+
+    ``generations``: ``(partition URI, generation)`` pairs a live model version's tags name (its
+    ``data_uri`` and ``generation``); ``live_runs``: the MLflow runs with a live model version. Only
+    when ``complete`` (the registry was asked) may a training's pin be released.
+    """
+
+    generations: frozenset[tuple[str, str]] = frozenset()
+    live_runs: frozenset[str] = frozenset()
+    complete: bool = False
+
+    def release(self, policy: Policy, now: dt.datetime) -> Callable[[Pin], str | None]:
+        """Why each pin no longer protects its generation (None: it still does).
+
+        A training's pin goes once its MLflow run has no live model version and it is older than the
+        retention period (a training that is still running, or about to register, keeps it); a pin
+        with ``expires_at`` goes after that moment; any other pin (a person's) stays until unpinned.
+        """
+
+        def why(p: Pin) -> str | None:
+            expires = p.body.get("expires_at")
+            if expires:
+                try:
+                    moment = dt.datetime.fromisoformat(str(expires))
+                except ValueError:
+                    return None
+                moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+                return f"expired at {expires}" if now >= moment else None
+            if p.body.get("kind") != "training" or not self.complete:
+                return None
+            if p.mlflow_run_id in self.live_runs or p.written_at is None:
+                return None
+            if now - p.written_at < dt.timedelta(seconds=policy.retain_s):
+                return None
+            if p.mlflow_run_id:
+                return (
+                    f"no live model version was registered from its training's MLflow run {p.mlflow_run_id}"
+                )
+            return "its training never started an MLflow run"
+
+        return why
+
+
 # -- pins -----------------------------------------------------------------------------------------
 def pin(
     partition_uri: str,
@@ -276,6 +321,44 @@ def tidy(
     except Exception as e:
         log.warning("Housekeeping of %s after the commit failed (%s); the next commit or the housekeeping "
                     "DAG tries again", partition_uri, e)  # fmt: skip
+
+
+def partitions_of(dataset_uri: str, options: storage.StorageOptions | None = None) -> list[str]:
+    """The ``dt=...`` partitions directly under a dataset's folder, sorted."""
+    from pyarrow import fs as pafs
+
+    fsys, root = storage.resolve(dataset_uri, options)
+    infos = fsys.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    names = sorted(
+        i.base_name for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith("dt=")
+    )
+    return [storage.join(dataset_uri, name) for name in names]
+
+
+def sweep(
+    dataset_uri: str,
+    options: storage.StorageOptions | None = None,
+    policy: Policy = Policy(),
+    references: References = References(),
+    *,
+    dry_run: bool = True,
+) -> tuple[list[Removal], list[Removal]]:
+    """Housekeeping of every partition of a dataset: ``(planned, failed)``; removes only without
+    ``dry_run``. Ages by the store's clock, read once (:func:`store_now`)."""
+    planned: list[Removal] = []
+    failed: list[Removal] = []
+    found = partitions_of(dataset_uri, options)
+    if not found:
+        return planned, failed
+    now = store_now(found[0], options)
+    release = references.release(policy, now)
+    for partition_uri in found:
+        referenced = {g for uri, g in references.generations if uri.rstrip("/") == partition_uri.rstrip("/")}
+        removals = plan(partition_uri, options, policy, now=now, released=release, referenced=referenced)
+        planned += removals
+        if not dry_run:
+            failed += remove(removals, options)
+    return planned, failed
 
 
 # -- internals ------------------------------------------------------------------------------------

@@ -117,6 +117,30 @@ class MLflowRegistryMixin:
             aliases = self.client.get_registered_model(name).aliases or {}
         return sorted(str(alias) for alias, v in aliases.items() if str(v) == str(version))
 
+    def live_versions(self: _Host, name: str) -> list[ModelVersion]:
+        """
+        Every version of ``name`` that is not deleted or archived (stage ``Archived``), all pages;
+        none when the model does not exist. What retention keeps data for (:mod:`emr_ray.housekeeping`).
+
+        :param name: registered model name.
+        """
+        from mlflow.exceptions import MlflowException
+
+        found: list[ModelVersion] = []
+        token = None
+        with self.credentials():
+            while True:
+                try:
+                    page = self.client.search_model_versions(f"name = '{name}'", page_token=token)
+                except MlflowException as e:
+                    if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                        return []
+                    raise
+                found += [v for v in page if (v.current_stage or "").lower() != "archived"]
+                token = page.token
+                if not token:
+                    return found
+
     def get_model_version(self: _Host, name: str, version: str | int) -> ModelVersion:
         """
         Model version ``version`` of ``name``.
