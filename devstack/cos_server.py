@@ -395,6 +395,8 @@ class CosStandIn:
         from werkzeug.serving import make_server
 
         class _QuietHandler(MotoRequestHandler):
+            disable_nagle_algorithm = True  # no 40 ms wait for a delayed ACK on each kept-alive answer
+
             def log_request(self, code: Any = "-", size: Any = "-") -> None:
                 log.debug("%s %s", self.requestline, code)
 

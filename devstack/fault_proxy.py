@@ -48,6 +48,7 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # no 40 ms wait for a delayed ACK on each kept-alive answer
     server: _Server
 
     def do_GET(self) -> None:

@@ -210,6 +210,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "WebHdfsStandIn/1"
+    # answers go out at once: with Nagle's algorithm a kept-alive connection waited for the client's
+    # delayed ACK (40 ms) on every request, 1-2 s per test
+    disable_nagle_algorithm = True
 
     @property
     def fs(self) -> WebHdfsStandIn:

@@ -171,7 +171,7 @@ def test_two_writers_of_one_date_never_mix_and_a_reader_always_sees_one_whole_ge
     watcher = threading.Thread(target=reader)
     watcher.start()
     try:
-        for round_ in range(3 if uri.startswith("hdfs://") else 6):  # WebHDFS: ~1 s per request round
+        for round_ in range(6):
             a, b = 10 + 2 * round_, 11 + 2 * round_
             with ThreadPoolExecutor(2) as pool:
                 first, second = pool.map(
