@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: COS's smallest multipart part (all parts but the last), in bytes.
 COS_MIN_PART_SIZE = 1024 * 1024
+#: the injected "fault" that answers a listing with a well-formed empty one
+EMPTY_LISTING = "EmptyListing"
 
 _COS_VHOST = re.compile(
     r"^(?P<bucket>[a-z0-9][a-z0-9.-]*)\.cos\.(?P<region>[a-z0-9-]+)\.myqcloud\.com(:\d+)?$"
@@ -175,6 +177,8 @@ class CosWsgiAdapter:
             time.sleep(delay)
         if fault is not None:
             status, code = fault
+            if code == EMPTY_LISTING:
+                return self._empty_listing(start_response, resource)
             return self._error(start_response, is_cos, status, code, "Injected fault.", resource)
         if secret_id is not None and secret_id in self.rejected_secret_ids:
             return self._error(
@@ -301,6 +305,19 @@ class CosWsgiAdapter:
         if is_cos and _header(mapped, "x-cos-request-id") is None:
             mapped.append(("x-cos-request-id", uuid.uuid4().hex))
         return mapped
+
+    @staticmethod
+    def _empty_listing(start_response: StartResponse, resource: str) -> Iterable[bytes]:
+        """A well-formed listing with nothing in it (what an eventually consistent or glitching listing
+        can answer)."""
+        bucket = resource.strip("/").split("/")[0]
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<ListBucketResult><Name>{escape(bucket)}</Name><Prefix></Prefix><Marker></Marker>"
+            "<MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated></ListBucketResult>"
+        ).encode()
+        start_response("200 OK", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        return [body]
 
     @staticmethod
     def _error(
@@ -475,6 +492,11 @@ class CosStandIn:
         app: CosWsgiAdapter = self._server.app
         with app._faults_lock:
             app.targeted.extend([(method, text, status, code)] * count)
+
+    def inject_empty_listings(self, count: int, text: str = "prefix=") -> None:
+        """Answer the next ``count`` listings (GETs whose path or query holds ``text``) with a
+        well-formed empty listing: the objects are there, the answer says none are."""
+        self.inject_faults_on("GET", text, count, status=200, code=EMPTY_LISTING)
 
     def inject_delays(self, count: int, seconds: float) -> None:
         """Serve the next ``count`` requests ``seconds`` late (a slow, overloaded COS)."""

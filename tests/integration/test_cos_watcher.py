@@ -31,9 +31,12 @@ class DictStateStore:
         self.values[key] = value
 
 
-def watcher(prefix: str, store: DictStateStore, **kwargs) -> COSKeyTrigger:
+def watcher(prefix: str, store: DictStateStore, grace: float = 0.2, **kwargs) -> COSKeyTrigger:
+    """The watcher of ``prefix``'s partitions; it records what it announced ``grace`` seconds later
+    (the triggerer has persisted the event by then; 10 s in production)."""
     trigger = COSKeyTrigger([f"{prefix}raw/dt=*/_SUCCESS"], wildcard_match=True, poke_interval=0.1, **kwargs)
     trigger.asset_state_store = store
+    trigger.persist_grace_s = grace
     return trigger
 
 
@@ -98,6 +101,34 @@ def test_announce_existing_backfills_what_is_already_there(cos_conn, cos_prefix)
     land(hook, cos_prefix, "2026-11-28")
     events = events_while(watcher(cos_prefix, DictStateStore(), announce_existing=True), seconds=0.5)
     assert [e["partition"] for e in events] == ["2026-11-27", "2026-11-28"]
+
+
+def test_a_triggerer_killed_right_after_announcing_announces_again_never_loses(cos_conn, cos_prefix):
+    """Issue 32, item 5: the event is yielded, the triggerer dies before it persisted it. The
+    object was not recorded yet, so the next triggerer announces it again (before: recorded at once,
+    the partition never retrained)."""
+    hook, store = COSHook(cos_conn), DictStateStore()
+    events_while(watcher(cos_prefix, store), seconds=0.3)  # the first start: nothing there yet
+    killed = events_while(watcher(cos_prefix, store, grace=60), lambda: land(hook, cos_prefix, "2026-11-29"))
+    assert [e["partition"] for e in killed] == ["2026-11-29"]
+    assert store.values[ANNOUNCED_KEY] == []  # not recorded: it may not have been persisted
+    again = events_while(watcher(cos_prefix, store), seconds=0.8)
+    assert [e["partition"] for e in again] == ["2026-11-29"]
+    assert len(store.values[ANNOUNCED_KEY]) == 1
+
+
+def test_an_empty_listing_never_makes_it_announce_history_again(cos_conn, cos_server, cos_prefix):
+    """COS answering one listing with nothing (eventual consistency, a glitch) while 3 partitions are
+    there: nothing is forgotten, so the next listing announces nothing (before: all 3 again)."""
+    hook, store = COSHook(cos_conn), DictStateStore()
+    for day in ("2026-11-26", "2026-11-27", "2026-11-28"):
+        land(hook, cos_prefix, day)
+    events_while(watcher(cos_prefix, store), seconds=0.3)
+    recorded = list(store.values[ANNOUNCED_KEY])
+
+    storm = events_while(watcher(cos_prefix, store), lambda: cos_server.inject_empty_listings(1), seconds=1)
+    assert not cos_server.unserved_faults(), "the watcher never listed"
+    assert storm == [] and store.values[ANNOUNCED_KEY] == recorded
 
 
 def test_partition_dates_are_read_from_keys():

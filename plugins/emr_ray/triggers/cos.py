@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,10 +31,11 @@ class COSKeyTrigger(BaseEventTrigger):
     (``{"status": "success", "objects": [obj], "key": ..., "partition": "YYYY-MM-DD"}``), so a DAG
     runs when a partition's ``_SUCCESS`` lands instead of polling on a schedule. What it has
     announced (key and LastModified: a re-landed partition is announced again) is kept in the
-    asset's state store, so a restarted triggerer neither repeats an event nor misses an object
-    that landed meanwhile; an event may repeat only if the triggerer dies between yielding it and
-    recording it (at least once: a partition is never lost). On its first start it announces only
-    what lands afterwards, unless ``announce_existing``. COS errors are logged and polled through.
+    asset's state store, recorded only once the event had time to be persisted, so a restarted
+    triggerer neither misses an object that landed meanwhile nor loses one it announced just before
+    it died (it may announce that one again: at least once, never lost); an empty or partial
+    listing never makes it forget what it announced. On its first start it announces only what
+    lands afterwards, unless ``announce_existing``. COS errors are logged and polled through.
 
     The blocking SDK calls run in a thread (``asyncio.to_thread``), never on the triggerer's event
     loop, through the same matcher as the sensor's poke (:func:`emr_ray.hooks.cos_keys.match_keys`).
@@ -148,8 +150,18 @@ class COSKeyTrigger(BaseEventTrigger):
             self.log.info("No match yet for %s; checking again in %ss", self.bucket_keys, self.poke_interval)
             await asyncio.sleep(self.poke_interval)
 
+    #: seconds an announced object waits before it is recorded as announced: the triggerer persists a
+    #: yielded event within a second or two, so one killed in between announces it again (a duplicate,
+    #: never a loss); recorded at the first poll after this
+    persist_grace_s: float = 10.0
+
     async def watch(self, hook: Any) -> AsyncIterator[TriggerEvent]:
-        """The asset-watcher loop: one event per object that matches and was not announced yet."""
+        """The asset-watcher loop: one event per object that matches and was not announced yet.
+
+        Recorded only once its event had time to be persisted (:attr:`persist_grace_s`); never
+        forgotten because a listing left it out (an empty or partial listing would otherwise make the
+        next one announce all history again); the record keeps one entry per key, the newest.
+        """
         from emr_ray.hooks.cos_keys import match_keys
 
         store = self.asset_state_store
@@ -157,6 +169,7 @@ class COSKeyTrigger(BaseEventTrigger):
         announced = await store.aget(ANNOUNCED_KEY)
         first_start = announced is None
         seen: set[str] = {str(item) for item in announced} if isinstance(announced, list) else set()
+        pending: dict[str, float] = {}  # yielded, not recorded yet: when
         while True:
             try:
                 _, objects = await asyncio.to_thread(
@@ -175,16 +188,18 @@ class COSKeyTrigger(BaseEventTrigger):
                               self.bucket_keys, len(current))  # fmt: skip
                 seen = set(current)
             else:
-                for ident in sorted(set(current) - seen, key=lambda i: current[i]["Key"]):
+                for ident in sorted(set(current) - seen - set(pending), key=lambda i: current[i]["Key"]):
                     obj = current[ident]
                     self.log.info("New COS object %s", obj["Url"])
                     yield TriggerEvent({"status": "success", "objects": [obj], "key": obj["Key"],
                                         "partition": partition_of(obj["Key"])})  # fmt: skip
-                    seen.add(ident)
-                    await store.aset(ANNOUNCED_KEY, _json_list(seen & set(current)))
-            if first_start or seen - set(current):
-                seen &= set(current)  # forget objects that are gone: the state stays as small as the listing
+                    pending[ident] = time.monotonic()
+            due = {i for i, at in pending.items() if time.monotonic() - at >= self.persist_grace_s}
+            if due or first_start:
+                seen = _newest_per_key(seen | due)
                 await store.aset(ANNOUNCED_KEY, _json_list(seen))
+                for ident in due:
+                    del pending[ident]
             first_start = False
             await asyncio.sleep(self.poke_interval)
 
@@ -196,3 +211,13 @@ def _json_list(items: set[str]) -> Any:
 
 def _identity(obj: dict[str, Any]) -> str:
     return f"{obj['Bucket']}/{obj['Key']}@{obj.get('LastModified')}"
+
+
+def _newest_per_key(identities: set[str]) -> set[str]:
+    """One identity per object key, the one landed last (LastModified is ISO 8601: it sorts)."""
+    newest: dict[str, str] = {}
+    for ident in identities:
+        key, _, modified = ident.rpartition("@")
+        if key not in newest or modified > newest[key].rpartition("@")[2]:
+            newest[key] = ident
+    return set(newest.values())
