@@ -9,9 +9,12 @@ neither Airflow nor MLflow, so the cluster-side jobs share it.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 USERNAME = "MLFLOW_TRACKING_USERNAME"
 PASSWORD = "MLFLOW_TRACKING_PASSWORD"
@@ -19,6 +22,10 @@ TOKEN = "MLFLOW_TRACKING_TOKEN"
 INSECURE_TLS = "MLFLOW_TRACKING_INSECURE_TLS"
 #: Environment variables through which MLflow's REST and artifact clients read credentials.
 CREDENTIAL_ENV_VARS = (USERNAME, PASSWORD, TOKEN, INSECURE_TLS)
+
+#: the secret variable that maps a redacted tracking or registry URI to the one with its password
+#: (a database store's ``postgresql://user:password@host/db``): the job's spec holds the redacted one
+URIS_ENV = "EMR_RAY_MLFLOW_URIS"
 
 #: MLflow error codes of a refused login (401) and of a refused permission (403).
 _UNAUTHENTICATED = ("UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED")
@@ -76,3 +83,39 @@ def present(env: Mapping[str, str] | None = None) -> str:
     if env.get(TOKEN):
         return "a bearer token"
     return "no credentials"
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` fit for a spec, a log or an XCom: an http(s) URI without its ``user:password@`` (the
+    login travels as MLflow's variables), any other (a database store) without its password."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    if parts.scheme in ("http", "https"):
+        return urlunsplit(parts._replace(netloc=hostport))
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}@{hostport}" if user else hostport))
+
+
+def secret_uris(*uris: str | None) -> dict[str, str]:
+    """The :data:`URIS_ENV` variable for the URIs that carry a password (none: empty)."""
+    full = {
+        redact_uri(u): u
+        for u in uris
+        if u and redact_uri(u) != u and urlsplit(u).scheme not in ("http", "https")
+    }
+    return {URIS_ENV: json.dumps(full, sort_keys=True)} if full else {}
+
+
+def with_secret_uris(payload: Any, env: Mapping[str, str] | None = None) -> Any:
+    """A job's decoded spec with its redacted MLflow URIs restored from :data:`URIS_ENV` (in memory
+    only: the spec as submitted, logged and returned keeps them redacted)."""
+    raw = (os.environ if env is None else env).get(URIS_ENV)
+    section = payload.get("mlflow") if isinstance(payload, dict) else None
+    if not raw or not isinstance(section, dict):
+        return payload
+    full = json.loads(raw)
+    restored = {k: full.get(v, v) if k in ("tracking_uri", "registry_uri") and isinstance(v, str) else v
+                for k, v in section.items()}  # fmt: skip
+    return {**payload, "mlflow": restored}

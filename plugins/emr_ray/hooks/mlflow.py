@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit
 
 from airflow.sdk import BaseHook
 
@@ -59,11 +59,8 @@ _HTTP_SCHEMES = ("http", "https")
 
 
 def _strip_userinfo(uri: str) -> str:
-    """Drop ``user:password@`` from an http(s) URI so it can be logged or handed to a job."""
-    parts = urlsplit(uri)
-    if parts.scheme in _HTTP_SCHEMES and "@" in parts.netloc:
-        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    return uri
+    """``uri`` without a password, fit for a log, a spec or an XCom (:func:`mlflow_auth.redact_uri`)."""
+    return mlflow_auth.redact_uri(uri)
 
 
 class MLflowHook(MLflowRegistryMixin, BaseHook):
@@ -171,12 +168,47 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
             env[mlflow_auth.PASSWORD] = password
         if str(self.extra.get("insecure_tls", "")).lower() in ("1", "true", "yes"):
             env[mlflow_auth.INSECURE_TLS] = "true"
+        if token or login:
+            self._refuse_plain_http()
         if env:
             from airflow.sdk.log import mask_secret
 
             for key in (mlflow_auth.TOKEN, mlflow_auth.PASSWORD):
                 if env.get(key):
                     mask_secret(env[key])
+        return env
+
+    def _refuse_plain_http(self) -> None:
+        """A login or token never goes over plain http to another machine unless the connection's extra
+        ``allow_insecure_http`` says so (as the ``ray`` connection decides)."""
+        from emr_ray.hooks.ray_tls import is_loopback
+
+        parts = urlsplit(self.tracking_uri)
+        if parts.scheme != "http" or is_loopback(parts.hostname):
+            return
+        if str(self.extra.get("allow_insecure_http", "")).lower() in ("1", "true", "yes"):
+            self.log.warning("Connection %r sends its MLflow login over plain http to %s (allow_insecure_http): "
+                             "anyone on the network path can read it; prefer https", self.mlflow_conn_id,
+                             _strip_userinfo(self.tracking_uri))  # fmt: skip
+            return
+        raise MLflowAuthError(
+            f"Connection {self.mlflow_conn_id!r} would send its MLflow login over plain http to "
+            f"{_strip_userinfo(self.tracking_uri)}, which is not this machine: anyone on the network path could "
+            "read it. Serve MLflow over https and set the host to https://..., or, on a network you trust, set "
+            'the connection\'s extra "allow_insecure_http": true.'
+        )
+
+    def secret_uris(self) -> dict[str, str]:
+        """The job's secret variable that restores a database store's password into its tracking and
+        registry URIs (:func:`emr_ray.cluster.mlflow_auth.secret_uris`); empty without one."""
+        env = mlflow_auth.secret_uris(self.tracking_uri, self.registry_uri)
+        if env:
+            from airflow.sdk.log import mask_secret
+
+            for uri in (self.tracking_uri, self.registry_uri):
+                password = urlsplit(uri).password
+                if password:
+                    mask_secret(password)
         return env
 
     def auth_error(self, status: int, error: BaseException | None = None) -> MLflowAuthError:

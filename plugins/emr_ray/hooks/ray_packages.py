@@ -21,6 +21,8 @@ directory), a single ``.py`` module as that one file, a ``.whl`` as it is. The a
 deterministic: entries sorted, timestamps fixed (1980-01-01), modes normalized (0644, or 0755 for
 executables), no ``__pycache__``, ``*.pyc``, ``.git`` or virtualenvs, and the patterns of
 ``.gitignore`` / ``.rayignore`` files and of the runtime_env's ``excludes`` left out, as Ray does.
+Never shipped, and logged: files that hold secrets (``.env``, keys, ``airflow.cfg``...:
+:data:`SECRET_EXCLUDES`) and symlinks that lead out of the shipped folder.
 So the same files give the same bytes, and the name ``gcs://_ray_pkg_<sha1 of the zip>.zip``
 addresses the content: an unchanged package keeps its URI, and so the spec digest
 (:mod:`emr_ray.cluster.reuse`) and reattach on retry.
@@ -71,6 +73,14 @@ PACKAGES = "/api/packages/gcs/"
 PKG_PREFIX = "_ray_pkg_"
 #: what never ships (gitignore patterns, as Ray's ``excludes``)
 DEFAULT_EXCLUDES = ("__pycache__/", "*.pyc", "*.pyo", ".git/", ".venv/", "venv/", ".DS_Store")
+#: files that hold secrets, never shipped (the Jobs API keeps packages readable to anyone with its
+#: token); each one left out is logged with the way to ship what it holds instead
+SECRET_EXCLUDES = (
+    ".env", ".env.*", "*.env", ".netrc", ".pgpass", ".git-credentials", ".npmrc", ".pypirc",
+    "airflow.cfg", "unittests.cfg", "webserver_config.py", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
+    "*.keytab", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", ".ssh/", ".aws/", ".gnupg/",
+    "credentials.json", "service-account*.json", "*.kubeconfig", "kubeconfig",
+)  # fmt: skip
 #: the fixed timestamp of every entry (the earliest a zip can hold)
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 #: Ray refuses packages of 512 MiB (its gRPC message limit) and more
@@ -129,11 +139,16 @@ def list_files(root: Path, excludes: Iterable[str] = ()) -> list[tuple[str, Path
     """Every file under ``root`` that ships, as ``(posix path relative to root, path)``, sorted.
 
     Left out: :data:`DEFAULT_EXCLUDES`, ``excludes`` (gitignore patterns relative to ``root``) and the
-    patterns of ``.gitignore`` / ``.rayignore`` files, each relative to its own folder.
+    patterns of ``.gitignore`` / ``.rayignore`` files, each relative to its own folder; and, logged,
+    files that hold secrets (:data:`SECRET_EXCLUDES`) and symlinks that lead out of ``root`` (an
+    ``include/config -> /etc/airflow`` would ship ``airflow.cfg`` and its Fernet key).
     """
     root = root.absolute()
+    real_root = os.path.realpath(root)
     base = _spec_matcher([*DEFAULT_EXCLUDES, *excludes])
+    secret = _spec_matcher(SECRET_EXCLUDES)
     files: list[tuple[str, Path]] = []
+    skipped: list[str] = []
     seen: set[str] = set()
 
     def excluded(path: Path, is_dir: bool, matchers: list[tuple[Path, Matcher]]) -> bool:
@@ -153,12 +168,24 @@ def list_files(root: Path, excludes: Iterable[str] = ()) -> list[tuple[str, Path
             is_dir = child.is_dir()
             if excluded(child, is_dir, matchers):
                 continue
+            relative = child.relative_to(root).as_posix()
+            if secret and (secret(relative) or (is_dir and secret(relative + "/"))):
+                skipped.append(f"{relative} (holds secrets)")
+                continue
+            target = os.path.realpath(child)
+            if child.is_symlink() and os.path.commonpath([real_root, target]) != real_root:
+                skipped.append(f"{relative} (a symlink to {target}, outside the folder)")
+                continue
             if is_dir:
                 visit(child, matchers)
             elif child.is_file():
-                files.append((child.relative_to(root).as_posix(), child))
+                files.append((relative, child))
 
     visit(root, [(root, base)] if base else [])
+    if skipped:
+        log.warning("Not shipping %d file(s) of %s: %s. Pass secrets through connections (the job gets them "
+                    "through the secret channel), and copy what a symlink points at into the folder if it "
+                    "must ship", len(skipped), root, "; ".join(skipped))  # fmt: skip
     return sorted(files)
 
 

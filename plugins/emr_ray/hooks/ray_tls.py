@@ -17,7 +17,7 @@ calls it and builds both its clients from :meth:`RayTlsConfig.ssl_context`):
 
 The token never goes over plain http to another machine unless the connection says so
 (:func:`refuse_plain_http`): loopback addresses (127.0.0.0/8, ::1, ``localhost``), a Unix socket
-(``uds``) and the ``auto`` address (a head on this node) are allowed, and so is a connection with no
+(``uds``) and an ``auto`` address of this machine (a head on this node) are allowed, and so is a connection with no
 credentials (no token and no ``Authorization`` or ``Cookie`` header): it has nothing to leak.
 """
 
@@ -169,6 +169,21 @@ class RayTlsConfig:
         )
 
 
+def is_this_machine(host: str | None) -> bool:
+    """Whether ``host`` is an address of one of this machine's interfaces (a socket can bind to it)."""
+    import socket
+
+    if not host:
+        return False
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host.strip("[]"), 0))
+        return True
+    except OSError:
+        return False
+
+
 def is_loopback(host: str | None) -> bool:
     """Whether ``host`` is this machine: 127.0.0.0/8, ::1 (also IPv4-mapped) or ``localhost``."""
     if not host:
@@ -194,10 +209,14 @@ def refuse_plain_http(url: str, tls: RayTlsConfig, *, credentials: bool, auto: b
     """Raise :class:`RayConnectionConfigError` when credentials would go over plain http to another
     machine and the connection does not allow it; return a warning to log when it allows it, else None.
 
-    Allowed: https, no credentials, loopback hosts, a Unix socket (``uds``), the ``auto`` address.
+    Allowed: https, no credentials, loopback hosts, a Unix socket (``uds``), and an ``auto`` address
+    that is one of this machine's own (a head on this node); ``auto`` on a worker node finds the
+    cluster's head on another machine, which is refused like any other.
     """
     parts = urlsplit(url)
-    if parts.scheme != "http" or not credentials or auto or tls.uds or is_loopback(parts.hostname):
+    if parts.scheme != "http" or not credentials or tls.uds or is_loopback(parts.hostname):
+        return None
+    if auto and is_this_machine(parts.hostname):
         return None
     if tls.allow_insecure_http:
         return (

@@ -60,7 +60,8 @@ class MLflowJobOperator(RayJobOperator):
 
     def job_secrets(self, context: Any, spec: Mapping[str, Any]) -> dict[str, str]:
         """The base class's secrets (COS keys) plus MLflow's credential variables."""
-        return super().job_secrets(context, spec) | self.mlflow_hook.credential_env()
+        hook = self.mlflow_hook
+        return super().job_secrets(context, spec) | hook.credential_env() | hook.secret_uris()
 
     def check_mlflow_access(self) -> None:
         """Fail before any cluster work when an http(s) MLflow refuses the connection's credentials

@@ -86,6 +86,52 @@ def test_strip_userinfo_drops_credentials_from_http_uris_only() -> None:
     assert _strip_userinfo("https://alice:s3cret@mlflow.internal:8443/x") == "https://mlflow.internal:8443/x"
     assert _strip_userinfo("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert _strip_userinfo("sqlite:////a@b/mlflow.db") == "sqlite:////a@b/mlflow.db"
+    assert _strip_userinfo("postgresql://mlflow:db-pw@db:5432/mlflow") == "postgresql://mlflow@db:5432/mlflow"
+
+
+def test_a_database_password_travels_the_secret_channel_never_the_spec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32, item 6: a database store's password was in the job's spec, its entrypoint and XCom."""
+    from emr_ray.cluster import mlflow_auth
+
+    full = "postgresql://mlflow:db-pw-7@127.0.0.1:5432/mlflow"
+    _set_conn(monkeypatch, host=full)
+    hook = MLflowHook()
+    settings = hook.job_settings()
+    assert settings[
+        "tracking_uri"
+    ] == "postgresql://mlflow@127.0.0.1:5432/mlflow" and "db-pw-7" not in json.dumps(settings)
+    secret = hook.secret_uris()
+    assert json.loads(secret[mlflow_auth.URIS_ENV]) == {settings["tracking_uri"]: full}
+    spec = {
+        "mlflow": {"tracking_uri": settings["tracking_uri"], "registry_uri": settings["registry_uri"]},
+        "x": 1,
+    }
+    assert mlflow_auth.with_secret_uris(spec, secret) == {
+        "mlflow": {"tracking_uri": full, "registry_uri": full},
+        "x": 1,
+    }
+    assert mlflow_auth.with_secret_uris(spec, {}) == spec  # no secret: unchanged
+    _set_conn(monkeypatch, "mlflow_http", host="http://127.0.0.1:5999", login="alice", password="pw")
+    assert MLflowHook("mlflow_http").secret_uris() == {}  # an http login travels as MLflow's variables
+
+
+def test_a_login_over_plain_http_to_another_machine_is_refused_unless_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _set_conn(
+        monkeypatch, "mlflow_far", host="http://mlflow.internal:5000", login="alice", password="pw-far-9"
+    )
+    with pytest.raises(
+        MLflowAuthError, match="plain http to http://mlflow.internal:5000, which is not this machine"
+    ):
+        MLflowHook("mlflow_far").credential_env()
+    _set_conn(monkeypatch, "mlflow_ok", host="http://mlflow.internal:5000", login="alice", password="pw-far-9",
+              extra={"allow_insecure_http": True})  # fmt: skip
+    assert MLflowHook("mlflow_ok").credential_env()["MLFLOW_TRACKING_USERNAME"] == "alice"
+    _set_conn(monkeypatch, "mlflow_open", host="http://mlflow.internal:5000")
+    assert MLflowHook("mlflow_open").credential_env() == {}  # nothing to leak
 
 
 # ---------------------------------------------------------------------- secrets

@@ -70,6 +70,29 @@ def test_only_sources_ship_not_caches_vcs_virtualenvs_or_ignored_files(tmp_path)
                        "sub/data.json"]  # fmt: skip
 
 
+def test_secrets_and_symlinks_out_of_the_folder_never_ship_and_are_named_in_the_log(tmp_path, caplog):
+    """Issue 32, item 6: a ``.env``, keys and an ``airflow.cfg`` reached through a symlink stayed in the
+    package, readable to anyone with the Jobs API's token."""
+    pkg = tmp_path / "include"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "mlp.py").write_text("X = 1\n")
+    (pkg / ".env").write_text("MLFLOW_TRACKING_PASSWORD=hunter2\n")
+    (pkg / "models" / "deploy.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    outside = tmp_path / "airflow-home"
+    outside.mkdir()
+    (outside / "airflow.cfg").write_text("fernet_key = abc\n")
+    (pkg / "config").symlink_to(outside)
+    (pkg / "alias.py").symlink_to(pkg / "models" / "mlp.py")  # inside the folder: ships
+    caplog.set_level("WARNING")
+    shipped = [relative for relative, _ in list_files(pkg)]
+    assert shipped == ["__init__.py", "alias.py", "models/mlp.py"]
+    assert "Not shipping 3 file(s)" in caplog.text
+    assert ".env (holds secrets)" in caplog.text and "models/deploy.pem (holds secrets)" in caplog.text
+    assert f"config (a symlink to {outside}, outside the folder)" in caplog.text
+    assert "hunter2" not in caplog.text
+
+
 def test_py_modules_layout_has_the_package_folder_on_top_and_working_dir_its_contents(tmp_path):
     pkg = make_tree(tmp_path)
     module = build_package(pkg, parent_dir=True, excludes=["big/"])

@@ -15,7 +15,12 @@ import pytest
 from devstack.tls_proxy import LocalPki, make_local_pki
 from emr_ray.exceptions import RayConnectionConfigError
 from emr_ray.hooks.ray import RayHook
-from emr_ray.hooks.ray_tls import RayTlsConfig, describe_tls_failure, is_loopback, refuse_plain_http
+from emr_ray.hooks.ray_tls import (
+    RayTlsConfig,
+    describe_tls_failure,
+    is_loopback,
+    is_this_machine,
+)
 from emr_ray.provider_info import get_provider_info
 
 TOKEN = "s3cret-token-value"
@@ -111,11 +116,20 @@ def test_allowing_insecure_http_still_warns(hook_for, caplog, capsys):
 
 
 def test_the_auto_address_is_a_head_on_this_node(hook_for, monkeypatch):
-    monkeypatch.setenv("RAY_DASHBOARD_ADDRESS", "http://10.0.0.5:8265")  # the node's own address
+    monkeypatch.setenv("RAY_DASHBOARD_ADDRESS", "http://127.0.0.1:8265")
     monkeypatch.setenv("RAY_AUTH_TOKEN", TOKEN)
     hook = hook_for("auto", password=None)
-    assert hook.client_settings()["base_url"] == "http://10.0.0.5:8265"
-    assert refuse_plain_http("http://10.0.0.5:8265", RayTlsConfig("c"), credentials=True, auto=True) is None
+    assert hook.client_settings()["base_url"] == "http://127.0.0.1:8265"
+    assert is_this_machine("127.0.0.1") and not is_this_machine("10.0.0.5")
+
+
+def test_auto_on_a_worker_node_finds_a_head_elsewhere_and_its_plain_http_is_refused(hook_for, monkeypatch):
+    """Issue 32, item 6: ``auto`` was allowed whatever it found; on a worker node it finds the
+    cluster's head on another machine, and the token went over plain http to it."""
+    monkeypatch.setenv("RAY_DASHBOARD_ADDRESS", "http://10.0.0.5:8265")  # not an address of this machine
+    monkeypatch.setenv("RAY_AUTH_TOKEN", TOKEN)
+    with pytest.raises(RayConnectionConfigError, match="plain http to http://10.0.0.5:8265, which is not"):
+        hook_for("auto", password=None).client_settings()
 
 
 # -- the extras -------------------------------------------------------------------------------------

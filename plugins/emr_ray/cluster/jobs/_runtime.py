@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray.cluster import secrets, storage
+from emr_ray.cluster import mlflow_auth, secrets, storage
 from emr_ray.cluster.jobs import _usage
 from emr_ray.cluster.jobs._code import code_origin, explain_import_error
 from emr_ray.cluster.spec import ERROR_MARKER, RESULT_MARKER, SpecPart, decode_spec
@@ -65,6 +65,7 @@ def main(
         else:
             payload = decode_spec(args.spec_b64)
         secrets.take()  # before anything reads a secret from the environment
+        payload = mlflow_auth.with_secret_uris(payload)  # a database store's password, in memory only
         spec = spec_type.from_dict(payload) if spec_type else payload
         result = run(spec)
     except INPUT_ERRORS as e:  # a missing package: named, with the fix (emr_ray.cluster.jobs._code)

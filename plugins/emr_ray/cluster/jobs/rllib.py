@@ -32,7 +32,7 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
-from emr_ray.cluster import storage
+from emr_ray.cluster import mlflow_auth, storage
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs._runtime import JobInputError, main
 from emr_ray.cluster.jobs.train import RunState, resume_state
@@ -370,7 +370,7 @@ def result_of(
     checkpoint_uri = f"file://{path}" if scheme == "file" else f"{scheme}://{path.lstrip('/')}"
     return {
         "mlflow_run_id": state["mlflow_run_id"],
-        "tracking_uri": spec.mlflow.tracking_uri,
+        "tracking_uri": mlflow_auth.redact_uri(spec.mlflow.tracking_uri),
         "run_name": spec.run_name,
         "algorithm": spec.algorithm,
         "env": spec.env,

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from emr_ray.cluster import partitions, retention, storage
+from emr_ray.cluster import mlflow_auth, partitions, retention, storage
 from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group, warm
 from emr_ray.cluster.jobs import compare as comparing
 from emr_ray.cluster.jobs import train_mlflow as tracking
@@ -275,7 +275,7 @@ def result_of(spec: TrainJobSpec, fitted: Fitted, mlflow_run_id: str, rows: dict
     checkpoint_uri = f"file://{path}" if scheme == "file" else f"{scheme}://{path.lstrip('/')}"
     return {
         "mlflow_run_id": mlflow_run_id,
-        "tracking_uri": spec.mlflow.tracking_uri,
+        "tracking_uri": mlflow_auth.redact_uri(spec.mlflow.tracking_uri),
         "run_name": spec.run_name,
         "checkpoint_uri": checkpoint_uri,
         "final_metrics": fitted.final,

@@ -68,7 +68,7 @@ def refused_as_input_error(spec: LogsToMLflow) -> Iterator[None]:
             else "fix the login and password (or the token) on the training task's mlflow connection"
         )
         raise JobInputError(
-            f"MLflow at {spec.mlflow.tracking_uri} refused the training job ({status}) with {had}: {fix}. "
+            f"MLflow at {mlflow_auth.redact_uri(spec.mlflow.tracking_uri)} refused the training job ({status}) with {had}: {fix}. "
             "A retry cannot fix this."
         ) from e
 
