@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from emr_ray.cluster.jobs.spark_session import NAME_PREFIX, session_key, session_runtime_env
+from emr_ray.cluster.jobs.warm import code_identity
 from emr_ray.cluster.spec import SparkSettings
 
 SETTINGS = {
@@ -52,6 +53,22 @@ def test_jobs_with_the_same_configuration_share_one_session_whatever_their_secre
 def test_any_difference_in_what_shapes_the_session_gets_another_one(settings, configs, runtime_env):
     base = session_key(SETTINGS, CONFIGS, session_runtime_env(JOB_ENV))
     assert session_key(settings, configs, session_runtime_env(runtime_env)) != base
+
+
+def test_code_fixed_in_place_on_the_cluster_gets_another_session(tmp_path, monkeypatch):
+    """Issue 32, item 1: with code installed on the cluster, the key held settings and runtime_env
+    only, so a module fixed in place kept running its old version in a busy session."""
+    package = tmp_path / "userpkg_fixed"
+    (package / "prep").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "prep" / "__init__.py").write_text("")
+    (package / "prep" / "tabular.py").write_text("def preprocess(df, config):\n    return df.limit(5000)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = "userpkg_fixed.prep.tabular:preprocess"
+    before = session_key(SETTINGS, CONFIGS, session_runtime_env(JOB_ENV), code_identity([path]))
+    assert session_key(SETTINGS, CONFIGS, session_runtime_env(JOB_ENV), code_identity([path])) == before
+    (package / "prep" / "tabular.py").write_text("def preprocess(df, config):\n    return df\n")  # the fix
+    assert session_key(SETTINGS, CONFIGS, session_runtime_env(JOB_ENV), code_identity([path])) != before
 
 
 def test_the_session_mode_and_idle_timeout_are_checked_when_the_spec_is_built():

@@ -56,13 +56,15 @@ session_runtime_env = warm.pool_runtime_env
 
 
 def session_key(
-    settings: Mapping[str, Any], configs: Mapping[str, str], runtime_env: Mapping[str, Any]
+    settings: Mapping[str, Any], configs: Mapping[str, str], runtime_env: Mapping[str, Any], code: str = ""
 ) -> str:
-    """The name of the session for this configuration: equal inputs, equal name; any difference, another."""
+    """The name of the session for this configuration and code (:func:`warm.code_identity`): equal
+    inputs, equal name; any difference, another."""
     payload = {
         "spark": {k: v for k, v in settings.items() if k != "app_name"},
         "configs": dict(configs),
         "runtime_env": dict(runtime_env),
+        "code": code,
     }
     return warm.pool_key(NAME_PREFIX, payload)
 
@@ -130,7 +132,8 @@ def run_shared(
     runtime_env = session_runtime_env(job_runtime_env)
     settings = {k: getattr(spec.spark, k)
                 for k in ("num_executors", "executor_cores", "executor_memory", "placement_group_strategy")}  # fmt: skip
-    key = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env)
+    key = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env,
+                      warm.code_identity([spec.preprocess]))  # fmt: skip
     args = (spec.spark, configs, env, spec.spark.idle_timeout_s)
     for died in count(1):
         with warm_actor.lease(

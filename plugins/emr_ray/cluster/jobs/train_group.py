@@ -62,9 +62,12 @@ class Rank0Lost(RuntimeError):
     is whole in the run's checkpoints: the job's driver does the step instead."""
 
 
-def group_key(scaling: Mapping[str, Any], runtime_env: Mapping[str, Any]) -> str:
-    """The name of the group for this configuration: equal inputs, equal name; any difference, another."""
-    return warm.pool_key(NAME_PREFIX, {"scaling": dict(scaling), "runtime_env": dict(runtime_env)})
+def group_key(scaling: Mapping[str, Any], runtime_env: Mapping[str, Any], code: str = "") -> str:
+    """The name of the group for this configuration and code (:func:`warm.code_identity`): equal inputs,
+    equal name; any difference, another."""
+    return warm.pool_key(
+        NAME_PREFIX, {"scaling": dict(scaling), "runtime_env": dict(runtime_env), "code": code}
+    )
 
 
 def bundle(scaling: Mapping[str, Any]) -> dict[str, float]:
@@ -341,7 +344,7 @@ def fit_shared(
     group's: they end the call without retiring the group. If rank 0 dies meanwhile, the group is
     retired and ``run_on_rank0`` raises :class:`Rank0Lost`."""
     runtime_env = warm.pool_runtime_env(job_runtime_env)
-    key = group_key(scaling.to_dict(), runtime_env)
+    key = group_key(scaling.to_dict(), runtime_env, warm.code_identity([train_loop]))
     args = (scaling, idle_timeout_s)
     with warm_actor.lease(WarmTrainGroup, key, scaling.cpus, args, runtime_env, tag=run_uri) as group:
         call = GroupCall(group)

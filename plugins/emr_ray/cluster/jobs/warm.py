@@ -3,8 +3,9 @@ and a warm training worker group (:mod:`.train_group`) are detached Ray actors t
 with one lifecycle (:mod:`.warm_actor`: lease, heartbeat, idle timeout, retire, give way).
 
 - *Named by their configuration*: :func:`pool_key` hashes everything that shapes the pool, including
-  the job's runtime_env less what is one job's alone (:func:`pool_runtime_env`): jobs with the same
-  configuration share a pool, any difference gets another one.
+  the job's runtime_env less what is one job's alone (:func:`pool_runtime_env`) and the code the
+  cluster imports (:func:`code_identity`): jobs with the same configuration share a pool, any
+  difference gets another one.
 - *Scale out, then queue*: a configuration's pool has replicas (``<key>-0``, ``<key>-1``...); a job
   takes a free one; when all are busy it waits for one about as long as a new replica would take to
   start (that replica's own start-up time), then starts another if the cluster has room for it, and
@@ -23,7 +24,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from emr_ray.cluster.reuse import FORCE_ENV
@@ -62,6 +63,30 @@ def pool_runtime_env(job_runtime_env: Mapping[str, Any]) -> dict[str, Any]:
     else:
         env.pop("env_vars", None)
     return env
+
+
+def code_identity(import_paths: Iterable[str]) -> str:
+    """What a pool's processes import, as this cluster has it: the provider's cluster side and every
+    ``.py`` file of the top-level packages the job's code lives in (``include`` for
+    ``include.preprocessing.tabular:preprocess``). Part of every pool's key, so a module fixed and
+    deployed in place gets a new pool at the next job: a busy pool (a backfill never lets it idle)
+    never keeps running the old code."""
+    import importlib.util
+    from pathlib import Path
+
+    from emr_ray.cluster.reuse import code_version
+
+    digest = hashlib.sha256(code_version().encode())
+    for top in sorted({path.split(":")[0].split(".")[0] for path in import_paths if path}):
+        found = importlib.util.find_spec(top)
+        roots = list(found.submodule_search_locations or []) if found else []
+        files = [Path(found.origin)] if found and found.origin and not roots else []
+        for root in roots:
+            files += sorted(p for p in Path(root).rglob("*.py") if "__pycache__" not in p.parts)
+        digest.update(f"\0{top}:{len(files)}".encode())
+        for path in files:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def pool_key(prefix: str, payload: Mapping[str, Any]) -> str:
