@@ -331,15 +331,12 @@ class RayJobOperator(BaseOperator):
         return None
 
     def _external_inputs(self, spec: Mapping[str, Any]) -> dict[str, str]:
-        """:meth:`external_inputs`; refused credentials fail the task at once, other failures are
-        recorded as unreadable (the job is then never reused on them: the job itself reads again)."""
-        from emr_ray.cluster.storage import refused_credentials
-
+        """:meth:`external_inputs`, or, when they cannot be read, a record that says so: no job is
+        then reused on them, and the job reads them itself (refused keys, a missing partition: its
+        own error says which, without retries)."""
         try:
             return self.external_inputs(spec)
         except Exception as e:
-            if refused := refused_credentials(e):
-                raise RayJobInputError(f"Task {self.task_id}: {refused}") from e
             self.log.warning("Could not read this job's external inputs (%s: %s); an earlier try's job "
                              "is not reused on them", type(e).__name__, e)  # fmt: skip
             return {"external inputs": f"{UNREADABLE}{type(e).__name__}"}

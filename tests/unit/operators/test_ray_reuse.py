@@ -22,7 +22,6 @@ import pytest
 from emr_ray.cluster import partitions
 from emr_ray.cluster.reuse import DIGEST_KEY, EXTERNAL_KEY
 from emr_ray.cluster.spec import RESULT_MARKER
-from emr_ray.exceptions import RayJobInputError
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
@@ -190,27 +189,28 @@ def test_a_job_that_recorded_no_external_inputs_is_not_reused_by_one_that_reads_
     assert "its external inputs were not recorded" in capsys.readouterr().out
 
 
-def test_an_unreadable_raw_partition_is_never_evidence_for_reuse(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError("connection reset"),
+        OSError("AWS Error ACCESS_DENIED during ListObjectsV2 operation: HTTP status 403"),
+    ],
+)
+def test_an_unreadable_raw_partition_is_never_evidence_for_reuse(tmp_path, monkeypatch, capsys, error):
+    """A listing that failed says nothing about what the job read: no job is reused on it, and the
+    new job reads the partition itself (refused keys: its own error names them, without retries)."""
     api, spec = FakeJobsApi(), preprocess_spec(tmp_path)
     land_raw(tmp_path / "raw", 200)
 
-    def unreachable(self, spec):
-        raise OSError("connection reset")
+    def unreadable(self, spec):
+        raise error
 
-    monkeypatch.setattr(RayDPSparkOperator, "external_inputs", unreachable)
+    monkeypatch.setattr(RayDPSparkOperator, "external_inputs", unreadable)
     first = run_try(preprocess_operator(tmp_path), api, spec, 1)
     api.finish(first, commit_output(tmp_path, 200))
-    assert run_try(preprocess_operator(tmp_path), api, spec, 2) != first
+    second = run_try(preprocess_operator(tmp_path), api, spec, 2)
+    assert second != first and api.submitted == [first, second]
     assert "could not be compared" in capsys.readouterr().out
-
-
-def test_refused_credentials_while_listing_the_raw_partition_fail_the_task_at_once(tmp_path, monkeypatch):
-    def refused(self, spec):
-        raise OSError("AWS Error ACCESS_DENIED during ListObjectsV2 operation: HTTP status 403")
-
-    monkeypatch.setattr(RayDPSparkOperator, "external_inputs", refused)
-    with pytest.raises(RayJobInputError, match=r"refused the job's credentials.*\(cos_conn_id\)"):
-        run_try(preprocess_operator(tmp_path), FakeJobsApi(), preprocess_spec(tmp_path), 1)
 
 
 def test_force_recompute_and_final_states_still_reuse_nothing(tmp_path):
