@@ -27,6 +27,11 @@ class RayDPSparkOperator(RayJobOperator):
     job used, by phase: ``spark_start``, ``read``, ``compute``, ``write``, ``commit``; see
     :mod:`emr_ray.cluster.jobs._usage`).
 
+    A retried or cleared task reuses an earlier try's job only while the raw partition is unchanged
+    (its listing: names, sizes, ETags, times; :meth:`external_inputs`) and, once that job finished,
+    while the generation it committed is still whole (:meth:`stale_result`): a partition landed
+    again under the same URI is preprocessed again.
+
     Lineage (with Airflow's OpenLineage provider): the input partition in, each output of the committed
     generation out, with its schema, row and file counts and the generation as its version
     (:func:`emr_ray.lineage.spark_lineage`).

@@ -40,7 +40,9 @@ class TorchTrainOperator(MLflowJobOperator):
     and the new model on the same test rows with the training module's ``evaluate`` (see
     :mod:`emr_ray.cluster.jobs.compare`), logs both figures to the MLflow run (``compare.*``), and returns
     them as ``comparison``: :class:`~emr_ray.operators.mlflow.MLflowRegisterOperator` promotes on
-    them. A rerun that reuses a finished training scores the champion again if it changed since.
+    them. A rerun that reuses a finished training scores the champion again if it changed since: a
+    cleared task whose earlier job compared with another champion runs a new job for that
+    (:meth:`stale_result`), which returns the stored training and scores the current champion.
 
     :param train_loop: import path of the per-worker loop, ``include.models.tabular:train_loop`` (templated).
         Its module also provides ``build_model(config)`` (see :class:`emr_ray.cluster.train.TrainingModule`).
