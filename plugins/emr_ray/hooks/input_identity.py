@@ -73,6 +73,21 @@ def list_partition(
     from pyarrow import fs as pafs
 
     fsys = storage.filesystem(uri, options)
+    if scheme == "hdfs":  # WebHDFS through fsspec: its listing has the times pyarrow's wrapper drops
+        client = fsys.handler.fs
+        if not client.exists(path):
+            return []
+        found = client.find(path, detail=True)
+        return [
+            Listed(
+                name[len(path) :].lstrip("/"),
+                int(info.get("size") or 0),
+                "",
+                _millis(info.get("modificationTime")),
+            )
+            for name, info in found.items()
+            if info.get("type") == "file"
+        ]
     infos = fsys.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     return [
         Listed(info.path[len(path) :].lstrip("/"), int(info.size or 0), "", _iso(info.mtime))
@@ -93,3 +108,8 @@ def _iso(moment: Any) -> str | None:
         return None
     moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC).isoformat()
+
+
+def _millis(value: Any) -> str | None:
+    """WebHDFS's ``modificationTime`` (milliseconds since the epoch) as ISO 8601 UTC."""
+    return None if value is None else _iso(datetime.fromtimestamp(int(value) / 1000, UTC))

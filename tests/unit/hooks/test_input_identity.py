@@ -84,3 +84,31 @@ def test_a_cos_partition_is_listed_with_etags_under_its_own_prefix_only():
     assert partition_identity("cos://bucket-125/raw/dt=2026-11-05", cos_hook=hook).startswith(
         "2 files, 10 bytes"
     )
+
+
+def test_an_hdfs_partition_is_listed_with_webhdfs_modification_times(monkeypatch):
+    """pyarrow's wrapper of fsspec's WebHDFS drops the times; the listing reads them from WebHDFS."""
+    from types import SimpleNamespace
+
+    from emr_ray.cluster import storage
+
+    class FakeWebHdfs:
+        def exists(self, path):
+            return path == "/raw/dt=2026-11-05"
+
+        def find(self, path, detail=False):
+            return {
+                f"{path}/part-0.parquet": {"type": "file", "size": 10, "modificationTime": 1_700_000_000_000},
+                f"{path}/_SUCCESS": {"type": "file", "size": 0, "modificationTime": 1_700_000_001_000},
+            }
+
+    monkeypatch.setattr(
+        storage,
+        "filesystem",
+        lambda uri, options=None: SimpleNamespace(handler=SimpleNamespace(fs=FakeWebHdfs())),
+    )
+    assert sorted(list_partition("hdfs://namenode:8020/raw/dt=2026-11-05")) == [
+        Listed("_SUCCESS", 0, "", "2023-11-14T22:13:21+00:00"),
+        Listed("part-0.parquet", 10, "", "2023-11-14T22:13:20+00:00"),
+    ]
+    assert list_partition("hdfs://namenode:8020/raw/dt=2026-11-06") == []
