@@ -118,6 +118,7 @@ def test_a_run_of_new_inputs_waits_for_an_abandoned_call_before_it_clears_the_ru
     def start_run(spec, resuming):
         raise Started(resuming)
 
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # the job sets it: restored after
     monkeypatch.setattr(ray, "init", lambda **kwargs: None)
     monkeypatch.setattr(train_group, "wait_for_abandoned_calls", abandoned_call_writes_on)
     monkeypatch.setattr(tracking, "start_run", start_run)
