@@ -6,7 +6,8 @@
 - A backfill registers a challenger and leaves the champion where it was, unless asked.
 - A decision names both models' scores on the same rows: the training job, run on the Ray cluster
   with ``compare_with_model``, scores the registered champion on its own test split; the register
-  task decides on those two figures.
+  task decides on those two figures. When the champion moves after that, the clear of the train
+  task that the register task advises scores the new champion, without training again.
 
 The task context is the small stand-in of ``test_ray_jobs`` (these tests call ``execute()``
 directly, to run two at once or to run one against a DAG run type ``dag.test()`` cannot make); the
@@ -200,7 +201,8 @@ def test_the_decision_names_both_models_scores_on_the_same_rows(
         compare_with_model=name,
         poll_interval=0.5,
     )
-    trained = train.execute({"ti": FakeTaskInstance("train"), "ds": "2026-11-06"})
+    train_ti = FakeTaskInstance("train")
+    trained = train.execute({"ti": train_ti, "ds": "2026-11-06"})
 
     comparison = trained["comparison"]
     assert (comparison["champion_version"], comparison["rows"]) == ("1", TEST_ROWS)
@@ -222,3 +224,23 @@ def test_the_decision_names_both_models_scores_on_the_same_rows(
     assert decision["promoted"] is (challenger_figure > champion_figure)
     assert challenger_figure > champion_figure, "2 epochs of the MLP lost to a random linear model"
     assert decision["value"] < decision["champion_value_before"] == pytest.approx(0.99)
+
+    # Issue 31, item 5: the champion moves (a person sets it to another model) after this run's
+    # training compared with v1. The register task refuses to promote on that comparison and says to
+    # clear the train task; doing so must run a new job that scores the new champion on the same rows
+    # (before, the cleared try reattached to its finished job and handed back the v1 comparison).
+    rival = register(log_torch_run(mlflow_conn, experiment="same-rows", test_accuracy=0.5, inputs=len(FEATURES),
+                                   seed=3), name, ds="2026-11-01")["version"]  # fmt: skip
+    mlflow.MlflowClient(mlflow_conn.tracking_uri).set_registered_model_alias(name, "champion", rival)
+    refused = register(trained["mlflow_run_id"], name, ds="2026-11-06")
+    assert (
+        not refused["promoted"]
+        and "clear this run's train task with its downstream tasks" in refused["reason"]
+    )
+    cleared = FakeTaskInstance("train", try_number=2, run_id=train_ti.run_id)
+    again = train.execute({"ti": cleared, "ds": "2026-11-06"})
+    assert again["reused"] and again["mlflow_run_id"] == trained["mlflow_run_id"]  # not trained again
+    assert (again["comparison"]["champion_version"], again["comparison"]["rows"]) == (rival, TEST_ROWS)
+    decided = register(again["mlflow_run_id"], name, ds="2026-11-06")
+    assert decided["same_rows"] and f"vs champion v{rival} " in decided["reason"]
+    assert decided["promoted"] and champion_of(mlflow_conn, name) == decision["version"]

@@ -4,7 +4,8 @@ Real Ray jobs on the session's cluster (its 2-CPU head, plus any node another te
 Spark on Ray, the COS stand-in with signature checks. Each test gives its sessions a configuration of
 its own (a Spark setting with a fresh value), so no other test's session serves it. This module is
 also a job (``python -m tests.integration.test_spark_session``) that kills the shared sessions, as
-an operator of the cluster would; the test sees the live ones in the cluster's state API.
+an operator of the cluster would; the test sees the live ones in the cluster's state API. The reuse rule for a raw partition landed again (issue 31,
+item 5) is proved here too: its cleared preprocessing runs on a warm session, the cheapest real Spark.
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def upload(hook, prefix: str, day: str, table: pa.Table | None = None) -> None:
     hook.upload_bytes(b"", f"{prefix}raw/dt={day}/_SUCCESS")
 
 
-def preprocess(prefix: str, day: str, session: str, tag: str, output: str = "staged", **kwargs: Any) -> dict:
+def preprocess(
+    prefix: str, day: str, session: str, tag: str, output: str = "staged", ti: FakeTaskInstance | None = None,
+    **kwargs: Any,
+) -> dict:  # fmt: skip
     from emr_ray.operators.raydp import RayDPSparkOperator
 
     op = RayDPSparkOperator(
@@ -95,7 +99,7 @@ def preprocess(prefix: str, day: str, session: str, tag: str, output: str = "sta
         **kwargs,
     )
     op.execution_timeout = None
-    return op.execute({"ti": FakeTaskInstance("preprocess")})
+    return op.execute({"ti": ti or FakeTaskInstance("preprocess")})
 
 
 def committed_rows(result: dict, endpoint: str, secret_id: str, secret_key: str) -> dict[str, list]:
@@ -217,6 +221,42 @@ def test_bad_input_keeps_the_session_a_killed_one_is_replaced_two_jobs_at_once_b
     while name in shared_sessions():
         assert time.monotonic() < deadline, "the idle shared session did not stop"
         time.sleep(1)
+
+
+def test_a_cleared_preprocessing_recomputes_a_raw_partition_landed_again_and_a_retry_of_an_unchanged_one_reattaches(
+    ray_conn, cos_server, cos_conn, cos_prefix, capsys
+):
+    """Issue 31, item 5: the producer lands a date's raw partition again under the same URI (other
+    rows, a new ``_SUCCESS``) after it was preprocessed. The spec is the same, its data is not: the
+    cleared task must run a new job and commit the new rows, not reattach to the old job and hand
+    its generation downstream. A retry while the partition is unchanged still reattaches."""
+    from devstack.constants import SECRET_ID, SECRET_KEY
+    from emr_ray.hooks.cos import COSHook
+    from emr_ray.identity import TaskIdentity
+
+    hook, ray, day, tag = COSHook(cos_conn), RayHook(ray_conn), "2026-10-09", uuid.uuid4().hex[:8]
+    upload(hook, cos_prefix, day)
+    tries = [FakeTaskInstance("preprocess", try_number=1)]
+    tries += [FakeTaskInstance("preprocess", try_number=n, run_id=tries[0].run_id) for n in (2, 3)]
+    job_of = [TaskIdentity.from_context({"ti": ti}).submission_id() for ti in tries]
+
+    def run(ti: FakeTaskInstance) -> dict:
+        return preprocess(cos_prefix, day, "shared", tag, ti=ti, spark_idle_timeout=8)
+
+    first = run(tries[0])
+    assert first["rows_in"] == ROWS
+    assert run(tries[1]) == first and ray.get_job(job_of[1]) is None  # unchanged: try 1's job, reused
+    assert "same external inputs" in capsys.readouterr().out
+
+    upload(hook, cos_prefix, day, make_partition(day, ROWS * 3 // 5))  # landed again: 240 rows
+    cleared = run(tries[2])
+    assert ray.get_job(job_of[2])["status"] == "SUCCEEDED"  # a new job ...
+    assert cleared["rows_in"] == ROWS * 3 // 5 and cleared["generation"] != first["generation"]
+    committed = committed_rows(cleared, cos_server.endpoint, SECRET_ID, SECRET_KEY)
+    assert sum(len(rows) for rows in committed.values()) == ROWS * 3 // 5  # ... committed the new rows
+    assert (
+        f"Not reusing Ray job {job_of[0]} of try 1 (SUCCEEDED): the raw partition " in capsys.readouterr().out
+    )
 
 
 if __name__ == "__main__":

@@ -177,8 +177,9 @@ def test_a_comparison_with_another_champion_never_promotes_and_says_how_to_compa
     assert not decision.promote
     assert decision.reason == (
         "the training scored champion v3 on its test rows, but champion is v5 now: not promoting on a "
-        "comparison with another model. To compare again, clear this run's train task (it scores the "
-        "current champion on the same rows), then this task"
+        "comparison with another model. To compare again, clear this run's train task with its "
+        "downstream tasks: the training is not repeated, a new job scores the current champion on the "
+        "same rows, and this task decides on that"
     )
     found_none = Comparison(None, None, None, None)
     decision = decide(0.99, champion_version="5", champion_value=0.5, comparison=found_none)

@@ -56,3 +56,34 @@ def test_a_wrapped_model_is_saved_unwrapped(tmp_path):
 
 def test_a_directory_without_metrics_reads_as_none(tmp_path):
     assert emr_train.read_metrics(str(tmp_path)) is None
+
+
+def test_a_checkpoint_carries_its_inputs_and_is_never_resumed_by_a_run_of_other_inputs(tmp_path):
+    """Issue 31, item 6: whatever left a checkpoint in a run's folder (a killed job's warm call that
+    wrote on after the folder was cleared), a run resumes only from weights trained on its own inputs."""
+    config = {"feature_columns": ["a", "b", "c"], "hidden": 4}
+    model, optimizer = _trained(config)
+    emr_train.save_state(str(tmp_path), model=model, optimizer=optimizer, epoch=4, metrics={}, inputs="fp-a")
+    assert emr_train.load_state(str(tmp_path)).inputs == "fp-a"
+
+    def resumed_by(inputs, directory=tmp_path):
+        context = emr_train.WarmGroupContext(0, 1, "cpu", None, str(directory), lambda m, d: None, inputs)
+        with emr_train.running_in(context):
+            return emr_train.latest_state()
+
+    assert resumed_by("fp-a").epoch == 4
+    assert resumed_by("fp-b") is None  # other inputs: a fresh start
+    assert resumed_by(None).epoch == 4  # a job that names no inputs (written before they were named)
+    (unnamed := tmp_path / "unnamed").mkdir()
+    emr_train.save_state(str(unnamed), model=model, optimizer=optimizer, epoch=5, metrics={})
+    assert resumed_by("fp-a", unnamed) is None  # a checkpoint that names none cannot vouch for its inputs
+
+
+def test_ray_trains_loop_runs_with_the_inputs_of_its_plan(tmp_path):
+    from emr_ray.cluster.jobs import shards
+
+    seen = []
+    loop = emr_train.with_inputs_of_plan(lambda config: seen.append(emr_train.get_context().inputs))
+    loop({shards.PLAN_KEY: {"inputs": "fp-a"}})
+    loop({})
+    assert seen == ["fp-a", None] and emr_train.get_context().inputs is None

@@ -275,8 +275,9 @@ def _on_figures(
         return Decision(
             False,
             f"the training {compared}, but {champion_alias} is v{champion_version} now: not promoting on a "
-            f"comparison with another model. To compare again, clear this run's train task (it scores the "
-            f"current {champion_alias} on the same rows), then this task",
+            f"comparison with another model. To compare again, clear this run's train task with its "
+            f"downstream tasks: the training is not repeated, a new job scores the current {champion_alias} "
+            f"on the same rows, and this task decides on that",
         )
     if comparison is not None and comparison.challenger_value is not None:
         rows = f"the same {comparison.rows} test rows" if comparison.rows else "the same test rows"

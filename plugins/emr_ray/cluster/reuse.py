@@ -2,8 +2,12 @@
 
 What a job computes from is its job module, the payload the operator submits, its runtime_env
 (without secrets) and the provider's cluster-side code; :func:`spec_digest` is a sha256 of all four,
-stored in the job's metadata at submit. A retry with the same digest reattaches (no second job); a
-try whose inputs or code changed submits anew; ``force_recompute`` reuses nothing.
+stored in the job's metadata at submit. What it reads from outside its spec (a raw partition that
+its producer may land again under the same URI) is recorded beside it as its **external inputs**:
+a small map of name to identity (a listing's sizes, ETags and times; never the data, never a
+secret), and :func:`external_changes` says which of them changed since. A retry with the same digest
+and the same external inputs reattaches (no second job); a try whose inputs, code or external
+inputs changed submits anew; ``force_recompute`` reuses nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from emr_ray.cluster.spec import COS_SECRET_ENV
 FORCE_ENV = "EMR_RAY_FORCE"
 #: the job metadata key that holds the digest
 DIGEST_KEY = "emr_ray_spec_digest"
+#: the job metadata key that holds its external inputs (JSON: name -> identity)
+EXTERNAL_KEY = "emr_ray_external_inputs"
+#: how an identity starts when it could not be read: never equal to anything, so never reused
+UNREADABLE = "unreadable: "
 #: what never counts as code (the same patterns the package upload leaves out)
 _NOT_CODE = ("__pycache__", ".pyc", ".pyo")
 _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|CREDENTIAL|PRIVATE|(^|_)KEY$|ACCESS_KEY", re.IGNORECASE)
@@ -86,3 +94,41 @@ def spec_digest(
         default=str,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def encode_external(inputs: Mapping[str, str]) -> str:
+    """The external inputs as a job metadata value (the Jobs API keeps string values only)."""
+    return json.dumps(dict(inputs), sort_keys=True, separators=(",", ":"))
+
+
+def external_changes(recorded: str | None, current: Mapping[str, str]) -> list[str]:
+    """What changed outside the spec since an earlier try's job was submitted: one line per external
+    input whose identity differs from the one recorded in the job's metadata (``recorded``, as
+    :func:`encode_external` wrote it), empty when nothing did. An input that could not be read, on
+    either side, counts as changed: a job is reused only on evidence that it read the same thing.
+
+    :param recorded: the job's metadata value under :data:`EXTERNAL_KEY` (None when absent).
+    :param current: this try's external inputs, name -> identity.
+    """
+    if not current and not recorded:
+        return []
+    try:
+        before = json.loads(recorded) if recorded else None
+    except ValueError:
+        before = None
+    if not isinstance(before, dict):
+        return [
+            f"its external inputs were not recorded ({', '.join(sorted(current))} may have changed since)"
+        ]
+    changes = []
+    for name in sorted(set(before) | set(current)):
+        then, now = before.get(name), current.get(name)
+        if now is None:
+            changes.append(f"it read {name}, which this try does not")
+        elif then is None:
+            changes.append(f"it did not read {name}, which this try does")
+        elif then.startswith(UNREADABLE) or now.startswith(UNREADABLE):
+            changes.append(f"{name} could not be compared (then: {then}; now: {now})")
+        elif then != now:
+            changes.append(f"{name} changed since (then: {then}; now: {now})")
+    return changes

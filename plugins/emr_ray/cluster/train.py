@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -42,6 +43,8 @@ from emr_ray.cluster.jobs import shards
 STATE_FILE = "state.pt"
 #: the epoch's reported metrics inside a checkpoint directory
 METRICS_FILE = "metrics.json"
+#: the fingerprint of the inputs the checkpoint was trained on, inside its directory
+INPUTS_FILE = "inputs.json"
 
 
 class TrainingModule(Protocol):
@@ -99,12 +102,18 @@ class TrainState:
     optimizer: dict[str, Any] | None
     epoch: int
     metrics: dict[str, Any]
+    #: the fingerprint of the inputs it was trained on (None: written without one)
+    inputs: str | None = None
 
 
 class TrainContext:
     """Where the loop runs, as the public functions below see it: Ray Train's worker group
     (:class:`RayTrainContext`) or a warm worker group's call (:class:`WarmGroupContext`), as Ray Train
     v2 gives its loop a train context. :func:`get_context` is the running one."""
+
+    #: the fingerprint of the run's inputs (its job's plan carries it): every checkpoint carries it,
+    #: and a checkpoint of other inputs is never resumed from (:func:`latest_state`)
+    inputs: str | None = None
 
     def rank_and_size(self) -> tuple[int, int]:
         raise NotImplementedError
@@ -129,6 +138,9 @@ class TrainContext:
 
 class RayTrainContext(TrainContext):
     """Ray Train's own worker group (``worker_group="job"``): its context, its checkpoints."""
+
+    def __init__(self, inputs: str | None = None) -> None:
+        self.inputs = inputs
 
     def rank_and_size(self) -> tuple[int, int]:
         import ray.train
@@ -183,6 +195,7 @@ class WarmGroupContext(TrainContext):
     resume_dir: str | None
     #: ``report(metrics, checkpoint_dir or None)``: rank 0 stores the checkpoint before it returns
     reporter: Callable[[dict[str, Any], str | None], None]
+    inputs: str | None = None
 
     def rank_and_size(self) -> tuple[int, int]:
         return self.rank, self.world_size
@@ -217,6 +230,17 @@ _context: TrainContext | None = None
 def get_context() -> TrainContext:
     """The running loop's context: a warm group's call, else Ray Train's."""
     return _context or _RAY_TRAIN
+
+
+def with_inputs_of_plan(train_loop: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """``train_loop`` for Ray Train's workers, run with the input fingerprint of the job's plan in
+    its context (a warm group's call sets it itself), so that its checkpoints carry it."""
+
+    def loop(config: dict[str, Any]) -> None:
+        with running_in(RayTrainContext((config.get(shards.PLAN_KEY) or {}).get("inputs"))):
+            train_loop(config)
+
+    return loop
 
 
 @contextlib.contextmanager
@@ -258,14 +282,26 @@ def worker_shard(config: dict[str, Any], name: str, columns: list[str]):
     return shards.read(pieces[rank], storage.filesystem(entry["uri"], context.storage_options(plan)), columns)
 
 
-def save_state(directory: str, *, model: Any, optimizer: Any, epoch: int, metrics: dict[str, Any]) -> None:
-    """Write a checkpoint directory: the (unwrapped) model's weights, the optimizer, the metrics."""
+def save_state(
+    directory: str,
+    *,
+    model: Any,
+    optimizer: Any,
+    epoch: int,
+    metrics: dict[str, Any],
+    inputs: str | None = None,
+) -> None:
+    """Write a checkpoint directory: the (unwrapped) model's weights, the optimizer, the fingerprint
+    of the inputs it was trained on (``inputs``), the metrics (last)."""
     import torch
 
     unwrapped = model.module if hasattr(model, "module") else model
     state = {"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
              "epoch": int(epoch)}  # fmt: skip
     torch.save(state, os.path.join(directory, STATE_FILE))
+    if inputs:
+        with open(os.path.join(directory, INPUTS_FILE), "w") as f:
+            json.dump({"fingerprint": inputs}, f)
     with open(os.path.join(directory, METRICS_FILE), "w") as f:
         json.dump(metrics, f)
 
@@ -276,8 +312,18 @@ def load_state(directory: str) -> TrainState:
 
     state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu")
     return TrainState(
-        state["model"], state.get("optimizer"), int(state["epoch"]), read_metrics(directory) or {}
-    )
+        state["model"], state.get("optimizer"), int(state["epoch"]), read_metrics(directory) or {},
+        read_inputs(directory),
+    )  # fmt: skip
+
+
+def read_inputs(directory: str) -> str | None:
+    """The fingerprint of the inputs a checkpoint directory was trained on, or None (none written)."""
+    path = os.path.join(directory, INPUTS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("fingerprint")
 
 
 def read_metrics(directory: str) -> dict[str, Any] | None:
@@ -296,8 +342,17 @@ def load_weights(model: Any, directory: str) -> Any:
 
 
 def latest_state() -> TrainState | None:
-    """The state to resume from inside a Ray Train loop, or None on a fresh start."""
-    return get_context().latest_state()
+    """The state to resume from inside a Ray Train loop, or None on a fresh start: never a checkpoint
+    trained on other inputs than this run's (or on inputs it cannot name), whatever left it there."""
+    context = get_context()
+    state = context.latest_state()
+    if state is not None and context.inputs and state.inputs != context.inputs:
+        logging.getLogger(__name__).warning(
+            "The latest checkpoint (epoch %d) was trained on other inputs (%s; this run's: %s): "
+            "starting fresh instead of resuming from it.", state.epoch, state.inputs or "unnamed", context.inputs
+        )  # fmt: skip
+        return None
+    return state
 
 
 def report_epoch(metrics: dict[str, Any], *, model: Any, optimizer: Any, epoch: int) -> None:
@@ -312,5 +367,5 @@ def report_epoch(metrics: dict[str, Any], *, model: Any, optimizer: Any, epoch: 
         context.report(metrics, None)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        save_state(tmp, model=model, optimizer=optimizer, epoch=epoch, metrics=metrics)
+        save_state(tmp, model=model, optimizer=optimizer, epoch=epoch, metrics=metrics, inputs=context.inputs)
         context.report(metrics, tmp)

@@ -16,7 +16,16 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, conf
 
-from emr_ray.cluster.reuse import DIGEST_KEY, FORCE_ENV, code_version, spec_digest
+from emr_ray.cluster.reuse import (
+    DIGEST_KEY,
+    EXTERNAL_KEY,
+    FORCE_ENV,
+    UNREADABLE,
+    code_version,
+    encode_external,
+    external_changes,
+    spec_digest,
+)
 from emr_ray.cluster.secrets import SECRET_REF_ENV
 from emr_ray.cluster.spec import COS_SECRET_ENV, JobSpec, entrypoint
 from emr_ray.exceptions import (
@@ -71,12 +80,16 @@ class RayJobOperator(BaseOperator):
     (wall time, CPU- and GPU-seconds reserved, peak memory, seconds per phase:
     :mod:`emr_ray.cluster.jobs._usage`), and the task log shows it in one line (``Used: 1 job, ...``).
 
-    **Reuse.** A retried task first looks for the jobs of its earlier tries and takes over one that
-    is PENDING, RUNNING or SUCCEEDED, but only when it was submitted with the same spec digest
-    (:func:`spec_digest`: the payload, the job module, the runtime_env and the code version). When
-    the inputs or the code changed, it submits a new job (and stops the superseded one if it still
-    runs). ``force_recompute`` skips reuse and tells the job to ignore stored results
-    (``EMR_RAY_FORCE=1`` in its environment). A job that ended FAILED or STOPPED is never resumed.
+    **Reuse.** A retried (or cleared) task first looks for the jobs of its earlier tries and takes
+    over one that is PENDING, RUNNING or SUCCEEDED, but only when it was submitted with the same
+    spec digest (:func:`spec_digest`: the payload, the job module, the runtime_env and the code
+    version) and the same external inputs (:meth:`external_inputs`: what the job reads from outside
+    its spec, such as a raw partition landed again under the same URI), and, for a finished job,
+    only while its result still stands (:meth:`stale_result`: the generation it committed is still
+    there, the champion it compared with is still the champion). Otherwise it submits a new job (and
+    stops the superseded one if it still runs); the log says which of these changed.
+    ``force_recompute`` skips reuse and tells the job to ignore stored results (``EMR_RAY_FORCE=1``
+    in its environment). A job that ended FAILED or STOPPED is never resumed.
 
     **Monitoring.** Jobs API calls that fail transiently (no answer, timeouts, 5xx, 429) are retried
     with backoff (1 s doubling to 30 s) for ``monitor_retry_seconds``, each retry logged, in both the
@@ -287,6 +300,74 @@ class RayJobOperator(BaseOperator):
         merged = merge_runtime_env(self.hook.conn_config["runtime_env"], dict(runtime_env))
         return spec_digest(self.job_module, spec, merged, code_version())
 
+    def external_inputs(self, spec: Mapping[str, Any]) -> dict[str, str]:
+        """What the job reads from outside its spec, name -> identity (JSON-able, small, no secrets):
+        recorded in the job's metadata at submit, and compared before a later try reuses the job
+        (:func:`emr_ray.cluster.reuse.external_changes`). Subclasses whose jobs read data that can
+        change under the same URI (a raw partition landed again) say so here; cheap: a listing,
+        never the data. This base class's jobs read nothing from outside."""
+        return {}
+
+    def stale_result(self, spec: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+        """Why the result of an earlier try's finished job no longer stands, or None: checked before
+        that job is reused (same spec digest, same external inputs). Subclasses check what the result
+        points at (the generation a preprocessing committed, the champion a training compared with)."""
+        return None
+
+    def _storage_options(self, uri: str) -> Any:
+        """The full storage settings for ``uri`` on the Airflow side (COS keys included: never log or
+        send them); None for ``file://``."""
+        from emr_ray.cluster import storage
+
+        scheme = storage.split_uri(uri)[0]
+        if scheme == "cos":
+            public, secrets = self._cos_settings
+            keys: dict[str, Any] = {key: secrets.get(env) for key, env in COS_SECRET_ENV.items()}
+            return storage.StorageOptions(**public, **keys)
+        if scheme == "hdfs":
+            from emr_ray.hooks.hdfs import WebHdfsSettingsHook
+
+            return storage.StorageOptions(**WebHdfsSettingsHook(self.hdfs_conn_id).storage_settings())
+        return None
+
+    def _external_inputs(self, spec: Mapping[str, Any]) -> dict[str, str]:
+        """:meth:`external_inputs`, or, when they cannot be read, a record that says so: no job is
+        then reused on them, and the job reads them itself (refused keys, a missing partition: its
+        own error says which, without retries)."""
+        try:
+            return self.external_inputs(spec)
+        except Exception as e:
+            self.log.warning("Could not read this job's external inputs (%s: %s); an earlier try's job "
+                             "is not reused on them", type(e).__name__, e)  # fmt: skip
+            return {"external inputs": f"{UNREADABLE}{type(e).__name__}"}
+
+    def _why_not_reuse(
+        self,
+        spec: Mapping[str, Any],
+        submission_id: str,
+        job: Mapping[str, Any],
+        digest: str,
+        external: Mapping[str, str],
+        try_number: int,
+    ) -> str | None:
+        """Why an earlier try's PENDING, RUNNING or SUCCEEDED job must not be reused, or None: the
+        spec digest differs, its external inputs changed, or (a finished job) its result no longer
+        stands (:meth:`stale_result`)."""
+        metadata = job.get("metadata") or {}
+        if metadata.get(DIGEST_KEY) != digest:
+            return f"inputs or code changed since try {try_number}"
+        if changes := external_changes(metadata.get(EXTERNAL_KEY), external):
+            return "; ".join(changes)
+        if job["status"] != "SUCCEEDED":
+            return None
+        try:
+            event = interpret_job(submission_id, dict(job), self.hook.get_job_logs(submission_id, job))
+            if event["status"] != "success":
+                return f"its result cannot be read ({event['message']})"
+            return self.stale_result(spec, event["result"])
+        except Exception as e:
+            return f"its result could not be checked ({type(e).__name__}: {e})"
+
     def _reattach_or_submit(
         self,
         identity: TaskIdentity,
@@ -294,13 +375,15 @@ class RayJobOperator(BaseOperator):
         runtime_env: dict[str, Any],
         secrets: Mapping[str, str] | None = None,
     ) -> str:
-        """Take over an earlier try's job with the same spec digest, else submit this try's job
-        (its ``secrets`` staged on the cluster: :mod:`emr_ray.cluster.secrets`)."""
+        """Take over an earlier try's job with the same spec digest and the same external inputs
+        (:meth:`external_inputs`) whose result still stands (:meth:`stale_result`), else submit this
+        try's job (its ``secrets`` staged on the cluster: :mod:`emr_ray.cluster.secrets`)."""
         force = as_bool(self.force_recompute)
         if force:
             runtime_env = merge_runtime_env(runtime_env, {"env_vars": {FORCE_ENV: "1"}})
             self.log.info("force_recompute: no earlier try's job is reused; the job ignores stored results")
         digest = self.spec_digest(spec, runtime_env)
+        external = self._external_inputs(spec)
         for try_number in range(identity.try_number, 0, -1):
             earlier = TaskIdentity(
                 identity.dag_id, identity.run_id, identity.task_id, identity.map_index, try_number
@@ -310,8 +393,8 @@ class RayJobOperator(BaseOperator):
             if job is None:
                 continue
             status = job["status"]
-            same = (job.get("metadata") or {}).get(DIGEST_KEY) == digest
             if try_number == identity.try_number:
+                same = (job.get("metadata") or {}).get(DIGEST_KEY) == digest
                 if same and status in REUSABLE_STATES:
                     self.log.info("Reattaching to Ray job %s of this try (%s)", submission_id, status)
                     return submission_id
@@ -321,11 +404,14 @@ class RayJobOperator(BaseOperator):
                 )
             if status not in REUSABLE_STATES:
                 continue  # FAILED or STOPPED: final, never resumed
-            if same and not force:
-                self.log.info("Reattaching to Ray job %s of try %d (%s) instead of submitting again: "
-                              "same spec digest %s", submission_id, try_number, status, digest[:12])  # fmt: skip
+            why = "force_recompute" if force else self._why_not_reuse(
+                spec, submission_id, job, digest, external, try_number
+            )  # fmt: skip
+            if why is None:
+                self.log.info("Reattaching to Ray job %s of try %d (%s) instead of submitting again: same "
+                              "spec digest %s%s", submission_id, try_number, status, digest[:12],
+                              ", same external inputs" if external else "")  # fmt: skip
                 return submission_id
-            why = "force_recompute" if force else f"inputs or code changed since try {try_number}"
             self.log.info("Not reusing Ray job %s of try %d (%s): %s", submission_id, try_number, status, why)
             if status != "SUCCEEDED":
                 self.log.warning(
@@ -348,13 +434,13 @@ class RayJobOperator(BaseOperator):
                 "airflow_task_id": identity.task_id,
                 "airflow_try_number": str(identity.try_number),
                 DIGEST_KEY: digest,
+                **({EXTERNAL_KEY: encode_external(external)} if external else {}),
             },  # fmt: skip
             entrypoint_num_cpus=self.entrypoint_num_cpus,
             entrypoint_resources=self.entrypoint_resources,
         )
-        self.log.info(
-            "Submitted Ray job %s (%s, spec digest %s)", submission_id, self.job_module, digest[:12]
-        )
+        self.log.info("Submitted Ray job %s (%s, spec digest %s%s)", submission_id, self.job_module, digest[:12],
+                      "".join(f"; {name}: {value}" for name, value in sorted(external.items())))  # fmt: skip
         return submission_id
 
     _log_lines_printed = 0

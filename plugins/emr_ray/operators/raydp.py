@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +27,11 @@ class RayDPSparkOperator(RayJobOperator):
     rows out per output, ``superseded_by`` when another writer committed later, and ``usage`` (what the
     job used, by phase: ``spark_start``, ``read``, ``compute``, ``write``, ``commit``; see
     :mod:`emr_ray.cluster.jobs._usage`).
+
+    A retried or cleared task reuses an earlier try's job only while the raw partition is unchanged
+    (its listing: names, sizes, ETags, times; :meth:`external_inputs`) and, once that job finished,
+    while the generation it committed is still whole (:meth:`stale_result`): a partition landed
+    again under the same URI is preprocessed again.
 
     Lineage (with Airflow's OpenLineage provider): the input partition in, each output of the committed
     generation out, with its schema, row and file counts and the generation as its version
@@ -151,25 +156,46 @@ class RayDPSparkOperator(RayJobOperator):
     def _lineage_manifest(self, result: dict[str, Any]) -> dict[str, Any] | None:
         """The committed generation's manifest (schemas, files), or None (logged) when it cannot be read."""
         from emr_ray.cluster import partitions
-        from emr_ray.cluster.spec import COS_SECRET_ENV
 
         uri = str(result["output_uri"])
         try:
-            options = None
-            scheme = storage.split_uri(uri)[0]
-            if scheme == "cos":
-                public, secrets = self._cos_settings
-                keys: dict[str, Any] = {key: secrets.get(env) for key, env in COS_SECRET_ENV.items()}
-                options = storage.StorageOptions(**public, **keys)
-            elif scheme == "hdfs":
-                from emr_ray.hooks.hdfs import WebHdfsSettingsHook
-
-                options = storage.StorageOptions(**WebHdfsSettingsHook(self.hdfs_conn_id).storage_settings())
+            options = self._storage_options(uri)
             return dict(partitions.pinned(uri, str(result["generation"]), options).manifest)
         except Exception as e:
             self.log.warning("Lineage without schemas and file counts: could not read the manifest of "
                              "generation %s of %s (%s)", result["generation"], uri, e)  # fmt: skip
             return None
+
+    def external_inputs(self, spec: Mapping[str, Any]) -> dict[str, str]:
+        """The raw partition's identity (:func:`emr_ray.hooks.input_identity.partition_identity`: its
+        files' names, sizes, ETags and times, from one listing): a partition landed again under the
+        same URI is other input for the same spec."""
+        from emr_ray.hooks.input_identity import partition_identity
+
+        uri = str(spec["input_uri"])
+        if storage.split_uri(uri)[0] == "cos":
+            from emr_ray.hooks.cos import COSHook
+
+            return {f"the raw partition {uri}": partition_identity(uri, cos_hook=COSHook(self.cos_conn_id))}
+        return {f"the raw partition {uri}": partition_identity(uri, options=self._storage_options(uri))}
+
+    def stale_result(self, spec: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+        """A finished preprocessing is reused only while the generation it committed is still whole
+        (committed, every file of its manifest there): reusing a pruned one hands the training a
+        generation it cannot read."""
+        from emr_ray.cluster import partitions
+
+        if not result.get("generation"):
+            return None  # a dry run (validate_only) commits nothing
+        uri, generation = str(result["output_uri"]), str(result["generation"])
+        options = self._storage_options(uri)
+        try:
+            committed = partitions.pinned(uri, generation, options)
+            for output in result.get("outputs") or committed.outputs:
+                partitions.dataset_files(committed, output, options)
+        except storage.StorageError as e:
+            return f"the generation {generation} it committed is gone or incomplete ({e})"
+        return None
 
 
 def _seconds(value: timedelta | float | str) -> float:

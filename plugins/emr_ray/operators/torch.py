@@ -40,7 +40,9 @@ class TorchTrainOperator(MLflowJobOperator):
     and the new model on the same test rows with the training module's ``evaluate`` (see
     :mod:`emr_ray.cluster.jobs.compare`), logs both figures to the MLflow run (``compare.*``), and returns
     them as ``comparison``: :class:`~emr_ray.operators.mlflow.MLflowRegisterOperator` promotes on
-    them. A rerun that reuses a finished training scores the champion again if it changed since.
+    them. A rerun that reuses a finished training scores the champion again if it changed since: a
+    cleared task whose earlier job compared with another champion runs a new job for that
+    (:meth:`stale_result`), which returns the stored training and scores the current champion.
 
     :param train_loop: import path of the per-worker loop, ``include.models.tabular:train_loop`` (templated).
         Its module also provides ``build_model(config)`` (see :class:`emr_ray.cluster.train.TrainingModule`).
@@ -150,6 +152,37 @@ class TorchTrainOperator(MLflowJobOperator):
         if name in ("", "None"):
             return None
         return CompareSection(model_name=name, alias=self.compare_alias)
+
+    def stale_result(self, spec: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+        """A finished training that compared with the champion is reused only while that champion
+        still holds the alias: else the register task would refuse to promote on a comparison with
+        another model, for as long as this task reattached to the same job. A new job returns the
+        stored training (no second fit) and scores the current champion on the same rows."""
+        compare = spec.get("compare")
+        if not compare:
+            return None
+        comparison = result.get("comparison") or {}
+        if comparison.get("skipped"):
+            return f"its comparison with {compare['model_name']}@{compare['alias']} was skipped ({comparison['skipped']})"
+        then = comparison.get("champion_version")
+        now = self._champion_version(compare["model_name"], compare["alias"])
+        if (str(then) if then else None) == now:
+            return None
+        return (
+            f"it compared with {compare['model_name']}@{compare['alias']} "
+            f"{'v' + str(then) if then else 'unset'}, which is {'v' + now if now else 'unset'} now"
+        )
+
+    def _champion_version(self, model_name: str, alias: str) -> str | None:
+        """The version ``alias`` of ``model_name`` points at now, or None (no such model or alias)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.mlflow_hook.get_aliases(model_name).get(alias)
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
 
     def log_outcome(self, result: Mapping[str, Any]) -> None:
         for epoch_metric in ("test_accuracy", "test_loss"):

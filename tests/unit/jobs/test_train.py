@@ -88,3 +88,42 @@ def test_an_unreadable_stored_run_is_kept_aside_and_the_run_starts_clean(tmp_pat
     assert not (tmp_path / "run").exists()
     (kept,) = tmp_path.glob(f"run.unreadable-*-{job.STATE_FILE}")
     assert kept.read_bytes() == stored
+
+
+def test_a_run_of_new_inputs_waits_for_an_abandoned_call_before_it_clears_the_run_folder(staged, monkeypatch):
+    """Issue 31, item 6: a killed job's warm call may still write checkpoints of the old inputs into
+    the run's folder. The wait for it comes first, the clear after: nothing it wrote survives for
+    the new inputs' run to resume from."""
+    from pathlib import Path
+
+    import ray
+
+    from emr_ray.cluster.jobs import train_group
+    from emr_ray.cluster.jobs import train_mlflow as tracking
+
+    spec = spec_for(staged)
+    run_dir = Path(spec.storage_path.removeprefix("file://")) / spec.run_name
+    run_state = job.RunState(pafs.LocalFileSystem(), str(run_dir))
+    run_state.write({"fingerprint": "of-the-old-inputs", "mlflow_run_id": "m1"})
+    waited_with = []
+
+    def abandoned_call_writes_on(run_uri: str) -> list[str]:
+        waited_with.append(run_state.read().get("fingerprint"))
+        (run_dir / "checkpoint_epoch_000007").mkdir(parents=True)  # its last checkpoint, old data
+        return ["warm-group-1"]
+
+    class Started(Exception):
+        """Where the test stops: the run is about to start training."""
+
+    def start_run(spec, resuming):
+        raise Started(resuming)
+
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # the job sets it: restored after
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    monkeypatch.setattr(train_group, "wait_for_abandoned_calls", abandoned_call_writes_on)
+    monkeypatch.setattr(tracking, "start_run", start_run)
+    with pytest.raises(Started) as started:
+        job.run(spec)
+    assert waited_with == ["of-the-old-inputs"]  # it waited before touching the folder
+    assert started.value.args == (None,)  # a new MLflow run, not the old inputs' one
+    assert not run_dir.exists() or not any(run_dir.iterdir())  # the old inputs' folder: cleared whole

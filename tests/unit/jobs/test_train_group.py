@@ -48,10 +48,14 @@ def test_the_worker_group_mode_is_checked_when_the_spec_is_built():
         )  # fmt: skip
 
 
-def write_checkpoint(fsys, run_path: str, tmp_path, epoch: int, loss: float | None, *, complete=True) -> str:
+def write_checkpoint(
+    fsys, run_path: str, tmp_path, epoch: int, loss: float | None, *, complete=True, inputs: str | None = None
+) -> str:
     local = tmp_path / f"local-{epoch}"
     local.mkdir()
     (local / emr_train.STATE_FILE).write_bytes(b"weights")
+    if inputs:
+        (local / emr_train.INPUTS_FILE).write_text(json.dumps({"fingerprint": inputs}))
     if complete:
         (local / emr_train.METRICS_FILE).write_text(json.dumps({"epoch": epoch, "test_loss": loss}))
     return train_checkpoints.upload(str(local), fsys, run_path, epoch)
@@ -74,6 +78,23 @@ def test_the_store_keeps_the_best_and_the_latest_and_never_reads_an_incomplete_c
         assert open(os.path.join(directory, emr_train.STATE_FILE), "rb").read() == b"weights"
     maximize = CheckpointStore(fsys, run_path, CheckpointSpec(num_to_keep=None, score_order="max"))
     assert int(maximize.ranked()[0][1]["epoch"]) == 3
+
+
+def test_a_store_of_one_runs_inputs_ignores_checkpoints_of_other_inputs(tmp_path):
+    """Issue 31, item 6: checkpoints carry the fingerprint of their inputs; the warm path's store
+    (resume, best, retention) sees only its run's own."""
+    from pyarrow import fs as pafs
+
+    fsys, run_path = pafs.LocalFileSystem(), str(tmp_path / "run")
+    for epoch, loss in enumerate([0.9, 0.4]):
+        write_checkpoint(fsys, run_path, tmp_path, epoch, loss, inputs="fp-a")
+    write_checkpoint(fsys, run_path, tmp_path, 2, 0.1, inputs="fp-b")  # a better loss, on other data
+    write_checkpoint(fsys, run_path, tmp_path, 3, 0.2)  # names no inputs
+    spec = CheckpointSpec(num_to_keep=1, score_attribute="test_loss")
+    mine = CheckpointStore(fsys, run_path, spec, inputs="fp-a")
+    assert int(mine.latest()[1]["epoch"]) == 1 and int(mine.ranked()[0][1]["epoch"]) == 1
+    assert [int(m["epoch"]) for _, m in mine.retain()] == [1]
+    assert int(CheckpointStore(fsys, run_path, spec).latest()[1]["epoch"]) == 3  # without inputs: every one
 
 
 @pytest.fixture

@@ -90,3 +90,28 @@ def test_an_airflow_side_edit_leaves_the_code_version_and_so_the_digest_unchange
     with (copy / "cluster" / "spec.py").open("a") as module:
         module.write("\n# a cluster-side edit\n")
     assert version() != before
+
+
+def test_external_inputs_reuse_only_on_evidence_that_the_job_read_the_same_thing():
+    """What a job read from outside its spec (``external_changes``): each input that changed is named
+    with its identity then and now; an input that could not be read, or a job that recorded none,
+    never counts as unchanged."""
+    from emr_ray.cluster.reuse import UNREADABLE, encode_external, external_changes
+
+    raw = "the raw partition cos://b/raw/dt=2026-11-05"
+    then = encode_external({raw: "2 files, 812 bytes, listing aaa"})
+    assert external_changes(then, {raw: "2 files, 812 bytes, listing aaa"}) == []
+    assert external_changes(then, {raw: "2 files, 500 bytes, listing bbb"}) == [
+        f"{raw} changed since (then: 2 files, 812 bytes, listing aaa; now: 2 files, 500 bytes, listing bbb)"
+    ]
+    assert external_changes(None, {}) == [] and external_changes(encode_external({}), {}) == []
+    assert external_changes(None, {raw: "x"}) == [
+        f"its external inputs were not recorded ({raw} may have changed since)"
+    ]
+    assert external_changes("{not json", {raw: "x"})[0].startswith("its external inputs were not recorded")
+    unreadable = {raw: f"{UNREADABLE}OSError"}
+    assert "could not be compared" in external_changes(encode_external(unreadable), unreadable)[0]
+    assert external_changes(then, {}) == [f"it read {raw}, which this try does not"]
+    assert external_changes(encode_external({}), {raw: "x"}) == [
+        f"it did not read {raw}, which this try does"
+    ]

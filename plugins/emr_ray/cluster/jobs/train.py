@@ -159,12 +159,23 @@ class NamedRun(Protocol):
     def run_name(self) -> str: ...
 
 
+def finished_result(state: dict[str, Any], print_key: str, *, force: bool = False) -> dict[str, Any] | None:
+    """The stored result of a finished run with these inputs (``state`` as :meth:`RunState.read`
+    gave it), or None: what a rerun returns without training again (nor waiting for anything)."""
+    if force or state.get("unreadable") or state.get("fingerprint") != print_key:
+        return None
+    return state.get("result")
+
+
 def resume_state(
-    spec: NamedRun, run_state: RunState, print_key: str, *, force: bool = False
-) -> dict[str, Any]:
+    spec: NamedRun, run_state: RunState, print_key: str, *, force: bool = False,
+    state: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The stored state to continue from: kept when the inputs are the same, cleared otherwise
-    (and always cleared when recomputation is forced). The training and the RLlib job's rule."""
-    state = run_state.read()
+    (and always cleared when recomputation is forced). The training and the RLlib job's rule.
+    ``state``: what :meth:`RunState.read` gave, when the caller read it already (read once: an
+    unreadable state is copied aside on each read)."""
+    state = run_state.read() if state is None else state
     if state.get("unreadable"):
         log.warning("The stored state of run %s is unreadable (kept as %s): starting the run clean.",
                     spec.run_name, state["unreadable"])  # fmt: skip
@@ -189,10 +200,12 @@ def build_trainer(
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from emr_ray.cluster import train as emr_train
+
     storage_scheme, storage_root = storage.split_uri(spec.storage_path)
     ckpt = spec.checkpoint
     return TorchTrainer(
-        import_by_path(spec.train_loop),
+        emr_train.with_inputs_of_plan(import_by_path(spec.train_loop)),
         train_loop_config={**spec.config, shards.PLAN_KEY: plan},
         scaling_config=ray.train.ScalingConfig(
             num_workers=spec.scaling.num_workers,
@@ -301,13 +314,13 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
     pin_inputs(spec, inputs, options)
     print_key = fingerprint(spec, input_manifests(spec, options, inputs))
     run_state = RunState(*storage.resolve(storage.join(spec.storage_path, spec.run_name), options))
-    state = resume_state(spec, run_state, print_key, force=os.environ.get(FORCE_ENV) == "1")
+    force = os.environ.get(FORCE_ENV) == "1"
+    stored_state = run_state.read()
     _usage.lap("check_inputs")
-    if state.get("result"):
+    if stored := finished_result(stored_state, print_key, force=force):
         log.info(
             "Training %s already finished with these inputs; returning its stored result.", spec.run_name
         )
-        stored = state["result"]
         # the champion may have changed since: compare again without training again (jobs/compare.py)
         comparison = comparing.refresh(spec, stored, lambda: plan_datasets(spec, options, inputs), options)
         return stored | {"reused": True, "comparison": comparison}
@@ -324,8 +337,12 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
     log.info("Planned per-worker shards of %s rows in %.1fs", rows, time.monotonic() - started)
     _usage.lap("plan")
 
-    # a killed job's warm call on this run may still be writing its checkpoints: one writer per run
+    # A killed job's warm call on this run may still be writing its checkpoints: one writer per run.
+    # Wait before deciding what to resume: a run folder cleared for other inputs while that call
+    # still wrote into it would hand this run the other inputs' weights.
     train_group.wait_for_abandoned_calls(storage.join(spec.storage_path, spec.run_name))
+    state = resume_state(spec, run_state, print_key, force=force, state=stored_state)
+    plan["inputs"] = print_key  # every checkpoint carries it; one of other inputs is never resumed
     resuming = state.get("mlflow_run_id")
     state = {"fingerprint": print_key}
 

@@ -81,23 +81,34 @@ class StoredCheckpoint:
 
 @dataclass
 class CheckpointStore:
-    """The complete checkpoints of one run folder, ranked by ``spec``'s score."""
+    """The complete checkpoints of one run folder, ranked by ``spec``'s score; with ``inputs`` (the
+    fingerprint of the run's inputs), only those trained on them: a checkpoint of other inputs (or
+    of none it names) is never resumed from, kept or reported as best."""
 
     fsys: Any
     run_path: str
     spec: CheckpointSpec
+    inputs: str | None = None
 
     def complete(self) -> list[tuple[StoredCheckpoint, dict[str, Any]]]:
-        """Every checkpoint with its metrics, oldest epoch first (incomplete ones left out)."""
+        """Every checkpoint with its metrics, oldest epoch first (incomplete ones and, with
+        ``inputs``, those of other inputs left out)."""
         from pyarrow import fs as pafs
 
         found = []
         for info in self.fsys.get_file_info(pafs.FileSelector(self.run_path, allow_not_found=True)):
             if info.type != pafs.FileType.Directory or not info.base_name.startswith(PREFIX):
                 continue
-            metrics = _metrics(self.fsys, info.path)
-            if metrics is not None and "epoch" in metrics:
-                found.append((StoredCheckpoint(self.fsys, info.path), metrics))
+            metrics = _read_json(self.fsys, f"{info.path}/{emr_train.METRICS_FILE}")
+            if metrics is None or "epoch" not in metrics:
+                continue
+            if (
+                self.inputs
+                and (_read_json(self.fsys, f"{info.path}/{emr_train.INPUTS_FILE}") or {}).get("fingerprint")
+                != self.inputs
+            ):
+                continue
+            found.append((StoredCheckpoint(self.fsys, info.path), metrics))
         return sorted(found, key=lambda pair: (int(pair[1]["epoch"]), pair[0].path))
 
     def latest(self) -> tuple[StoredCheckpoint, dict[str, Any]] | None:
@@ -135,12 +146,11 @@ class CheckpointStore:
         return kept
 
 
-def _metrics(fsys: Any, directory: str) -> dict[str, Any] | None:
+def _read_json(fsys: Any, path: str) -> dict[str, Any] | None:
     import json
 
     from pyarrow import fs as pafs
 
-    path = f"{directory}/{emr_train.METRICS_FILE}"
     if fsys.get_file_info(path).type != pafs.FileType.File:
         return None
     with fsys.open_input_stream(path) as f:

@@ -72,7 +72,7 @@ class WarmTrainer:
         self.mlflow_run_id: str | None = None
         self.run_uri = storage.join(spec.storage_path, spec.run_name)
         fsys, run_path = storage.resolve(self.run_uri, options)
-        self.store = CheckpointStore(fsys, run_path, spec.checkpoint)
+        self.store = CheckpointStore(fsys, run_path, spec.checkpoint, plan.get("inputs"))
         self.last: dict[str, Any] = {}
         self.rank0: Any = None  # the last call's rank 0 (its usage is logged there: log_usage)
         tracking.ensure_credentials()
