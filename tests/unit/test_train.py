@@ -58,6 +58,20 @@ def test_a_directory_without_metrics_reads_as_none(tmp_path):
     assert emr_train.read_metrics(str(tmp_path)) is None
 
 
+def test_a_truncated_metrics_or_inputs_file_reads_as_none_and_stays_for_inspection(tmp_path, caplog):
+    """Issue 31, item 7: a truncated metrics.json raised ValueError in every retry, force_recompute
+    included. Now the checkpoint's weights still load; without its inputs' name it is never resumed."""
+    model, optimizer = _trained({"feature_columns": ["a", "b", "c"], "hidden": 4})
+    emr_train.save_state(str(tmp_path), model=model, optimizer=optimizer, epoch=2, metrics={"epoch": 2},
+                         inputs="fp-1")  # fmt: skip
+    for name in (emr_train.METRICS_FILE, emr_train.INPUTS_FILE):
+        (tmp_path / name).write_text('{"epoch": 2, "test_lo')  # cut off mid-write
+    caplog.set_level("WARNING")
+    state = emr_train.load_state(str(tmp_path))
+    assert (state.epoch, state.metrics, state.inputs) == (2, {}, None)
+    assert "is not readable JSON" in caplog.text and (tmp_path / emr_train.METRICS_FILE).exists()
+
+
 def test_a_checkpoint_carries_its_inputs_and_is_never_resumed_by_a_run_of_other_inputs(tmp_path):
     """Issue 31, item 6: whatever left a checkpoint in a run's folder (a killed job's warm call that
     wrote on after the folder was cleared), a run resumes only from weights trained on its own inputs."""

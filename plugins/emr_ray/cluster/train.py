@@ -171,7 +171,14 @@ class RayTrainContext(TrainContext):
         if not checkpoint:
             return None
         with checkpoint.as_directory() as directory:
-            return load_state(directory)
+            try:
+                return load_state(directory)
+            except Exception as e:  # truncated or corrupt: every retry would meet it again
+                logging.getLogger(__name__).warning(
+                    "The latest checkpoint %s cannot be read (%s: %s): starting fresh; it stays for inspection",
+                    checkpoint.path, type(e).__name__, e,
+                )  # fmt: skip
+                return None
 
     def report(self, metrics: dict[str, Any], directory: str | None) -> None:
         import ray.train
@@ -318,21 +325,29 @@ def load_state(directory: str) -> TrainState:
 
 
 def read_inputs(directory: str) -> str | None:
-    """The fingerprint of the inputs a checkpoint directory was trained on, or None (none written)."""
-    path = os.path.join(directory, INPUTS_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f).get("fingerprint")
+    """The fingerprint of the inputs a checkpoint directory was trained on, or None (none written, or
+    unreadable: such a checkpoint is never resumed from)."""
+    found = _read_json_file(os.path.join(directory, INPUTS_FILE))
+    return found.get("fingerprint") if found else None
 
 
 def read_metrics(directory: str) -> dict[str, Any] | None:
-    """The metrics a checkpoint directory holds, or None when it holds none."""
-    path = os.path.join(directory, METRICS_FILE)
+    """The metrics a checkpoint directory holds, or None when it holds none or they are unreadable
+    (a truncated file: logged, the file left in place for inspection; never a failure every retry
+    meets again)."""
+    return _read_json_file(os.path.join(directory, METRICS_FILE))
+
+
+def _read_json_file(path: str) -> dict[str, Any] | None:
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except ValueError as e:
+        logging.getLogger(__name__).warning("Ignoring %s: it is not readable JSON (%s)", path, e)
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def load_weights(model: Any, directory: str) -> Any:

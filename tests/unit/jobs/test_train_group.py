@@ -80,6 +80,19 @@ def test_the_store_keeps_the_best_and_the_latest_and_never_reads_an_incomplete_c
     assert int(maximize.ranked()[0][1]["epoch"]) == 3
 
 
+def test_a_checkpoint_with_a_truncated_metrics_file_counts_as_incomplete(tmp_path):
+    """Issue 31, item 7: the warm path resumes from the previous whole checkpoint, never fails on it."""
+    from pyarrow import fs as pafs
+
+    fsys, run_path = pafs.LocalFileSystem(), str(tmp_path / "run")
+    for epoch in (0, 1):
+        write_checkpoint(fsys, run_path, tmp_path, epoch, 0.5)
+    with open(os.path.join(run_path, train_checkpoints.directory_name(1), emr_train.METRICS_FILE), "w") as f:
+        f.write('{"epoch": 1, "test_lo')
+    store = CheckpointStore(fsys, run_path, CheckpointSpec(num_to_keep=None, score_attribute="test_loss"))
+    assert int(store.latest()[1]["epoch"]) == 0
+
+
 def test_a_store_of_one_runs_inputs_ignores_checkpoints_of_other_inputs(tmp_path):
     """Issue 31, item 6: checkpoints carry the fingerprint of their inputs; the warm path's store
     (resume, best, retention) sees only its run's own."""

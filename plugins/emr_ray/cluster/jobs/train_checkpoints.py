@@ -14,6 +14,7 @@ last, so a checkpoint without it (a crash during the upload) is incomplete and n
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -26,6 +27,8 @@ from emr_ray.cluster import train as emr_train
 from emr_ray.cluster.spec import CheckpointSpec
 
 PREFIX = "checkpoint_"
+
+log = logging.getLogger(__name__)
 
 
 def directory_name(epoch: int) -> str:
@@ -154,4 +157,10 @@ def _read_json(fsys: Any, path: str) -> dict[str, Any] | None:
     if fsys.get_file_info(path).type != pafs.FileType.File:
         return None
     with fsys.open_input_stream(path) as f:
-        return json.loads(f.read().decode())
+        raw = f.read()
+    try:
+        found = json.loads(raw.decode())
+    except ValueError as e:  # truncated: that checkpoint counts as incomplete; the file stays for inspection
+        log.warning("Ignoring %s: it is not readable JSON (%s)", path, e)
+        return None
+    return found if isinstance(found, dict) else None
