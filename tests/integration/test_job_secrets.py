@@ -23,7 +23,9 @@ from tests.integration.test_ray_jobs import FakeTaskInstance
 
 pytestmark = pytest.mark.integration
 
-SECRET_NAMES = ["EMR_RAY_COS_SECRET_ID", "EMR_RAY_COS_SECRET_KEY"]
+SECRET_NAMES = ["EMR_RAY_COS_SECRET_ID", "EMR_RAY_COS_SECRET_KEY", "PARTNER_API_TOKEN"]
+#: a secret the user put in the task's runtime_env (issue 32, item 6: it went out in clear)
+USER_TOKEN = "tok-partner-5f1e"
 _PAGES = ["/api/jobs/", "/api/v0/tasks?detail=true&limit=10000", "/api/v0/actors?detail=true&limit=10000"]
 
 
@@ -32,6 +34,7 @@ def _run_probe(ray_conn: str, cos_conn: str, cos_prefix: str) -> tuple[dict, str
     op = RayJobOperator(
         task_id="secrets_probe",
         spec={"payload": f"cos://emr-ray-demo-1250000000/{cos_prefix}in", "secret_probe": SECRET_NAMES},
+        runtime_env={"env_vars": {"PARTNER_API_TOKEN": USER_TOKEN, "PARTNER_REGION": "ap-guangzhou"}},
         ray_conn_id=ray_conn,
         cos_conn_id=cos_conn,
         poll_interval=0.5,
@@ -48,19 +51,23 @@ def test_cos_keys_reach_the_driver_and_a_worker_and_no_page_or_log(
     assert result["secret_digests"]["driver"]["EMR_RAY_COS_SECRET_KEY"] == want
     assert result["secret_digests"]["worker"]["EMR_RAY_COS_SECRET_KEY"] == want
     assert result["secret_digests"]["worker"]["EMR_RAY_COS_SECRET_ID"] is not None
+    token = hashlib.sha256(USER_TOKEN.encode()).hexdigest()  # moved to the secret channel, still there
+    assert result["secret_digests"]["driver"]["PARTNER_API_TOKEN"] == token
+    assert result["secret_digests"]["worker"]["PARTNER_API_TOKEN"] == token
 
     hook = RayHook(ray_conn)
     job = hook.get_job(submission_id)
     env = job["runtime_env"].get("env_vars", {})
     assert not set(SECRET_NAMES) & set(env), "secret names in the runtime_env"
+    assert env["PARTNER_REGION"] == "ap-guangzhou"  # not secret-looking: stays
     readable = [json.dumps(job), hook.get_job_logs(submission_id), job["entrypoint"]]
     readable += [hook._request("GET", page).text for page in _PAGES]
     for text in readable:
-        assert SECRET_KEY not in text
+        assert SECRET_KEY not in text and USER_TOKEN not in text
 
     logs = [p for p in ray_temp_dir(ray_cluster.state_dir).rglob("*") if p.is_file() and "logs" in p.parts]
     assert any(p.name.startswith("runtime_env_agent") for p in logs), "the cluster's log folder was not found"
-    leaking = [str(p) for p in logs if SECRET_KEY.encode() in _read(p)]
+    leaking = [str(p) for p in logs if SECRET_KEY.encode() in _read(p) or USER_TOKEN.encode() in _read(p)]
     assert leaking == []
 
     # single use: the staged blob was taken, and the job-scoped copy went with the driver

@@ -36,6 +36,12 @@ _NOT_CODE = ("__pycache__", ".pyc", ".pyo")
 _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|CREDENTIAL|PRIVATE|(^|_)KEY$|ACCESS_KEY", re.IGNORECASE)
 
 
+def secret_looking(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret (``*_SECRET*``, ``*TOKEN*``,
+    ``*PASSW*``, ``*_KEY``...): such values never travel in a runtime_env (the Jobs API shows it)."""
+    return name in COS_SECRET_ENV.values() or bool(_SECRET_NAME.search(name))
+
+
 def cluster_side_files() -> list[tuple[str, Path]]:
     """The provider's cluster side, the one boundary between the sides: ``emr_ray/__init__.py`` and
     every file under ``emr_ray/cluster/``, as (name inside the package, path), sorted by name.
@@ -69,7 +75,7 @@ def digestible_runtime_env(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
     if "env_vars" in env:
         secret = set(COS_SECRET_ENV.values())
         env["env_vars"] = {
-            name: "<secret>" if name in secret or _SECRET_NAME.search(name) else value
+            name: "<secret>" if name in secret or secret_looking(name) else value
             for name, value in (env["env_vars"] or {}).items()
             if name != FORCE_ENV
         }

@@ -311,8 +311,10 @@ class RayHook(BaseHook):
         entrypoint_num_cpus: float | None = None,
         entrypoint_num_gpus: float | None = None,
         entrypoint_resources: dict[str, float] | None = None,
+        without_env_vars: set[str] | frozenset[str] = frozenset(),
     ) -> str:
-        """Submit a job under ``submission_id`` and return it.
+        """Submit a job under ``submission_id`` and return it (``without_env_vars``: left out of the
+        merged runtime_env's environment, e.g. secrets that travel another way).
 
         Retried like every call; a retry that finds the job already submitted with the same metadata
         (the first answer was lost) takes it. A rejection (4xx) raises :class:`RayJobRejectedError`:
@@ -321,7 +323,9 @@ class RayHook(BaseHook):
         body: dict[str, Any] = {
             "entrypoint": entrypoint,
             "submission_id": submission_id,
-            "runtime_env": merge_runtime_env(self.conn_config["runtime_env"], runtime_env or {}),
+            "runtime_env": _without_env_vars(
+                merge_runtime_env(self.conn_config["runtime_env"], runtime_env or {}), without_env_vars
+            ),
             "metadata": metadata or {},
         }
         for key, value in (
@@ -468,6 +472,17 @@ class AsyncJobsClient:
         except RayClusterError:
             status = None
         return summarize_cluster(nodes, status)
+
+
+def _without_env_vars(runtime_env: dict[str, Any], names: set[str] | frozenset[str]) -> dict[str, Any]:
+    if not names or not runtime_env.get("env_vars"):
+        return runtime_env
+    env_vars = {k: v for k, v in runtime_env["env_vars"].items() if k not in names}
+    return (
+        {**runtime_env, "env_vars": env_vars}
+        if env_vars
+        else {k: v for k, v in runtime_env.items() if k != "env_vars"}
+    )
 
 
 def merge_runtime_env(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from emr_ray.cluster.reuse import (
     code_version,
     encode_external,
     external_changes,
+    secret_looking,
     spec_digest,
 )
 from emr_ray.cluster.secrets import SECRET_REF_ENV
@@ -419,6 +420,12 @@ class RayJobOperator(BaseOperator):
                 )
                 self._stop_quietly(submission_id)
         submission_id = identity.submission_id()
+        moved = self._secret_env_vars(runtime_env)
+        if moved:
+            secrets = {**moved, **(secrets or {})}
+            self.log.info("Moving %d secret-looking environment variable(s) of the runtime_env (%s) to the "
+                          "secret channel: the Jobs API and the dashboard show a runtime_env", len(moved),
+                          ", ".join(sorted(moved)))  # fmt: skip
         if secrets:
             ref = ray_secrets.stage(self.hook, secrets)
             runtime_env = merge_runtime_env(runtime_env, {"env_vars": {SECRET_REF_ENV: ref}})
@@ -438,10 +445,20 @@ class RayJobOperator(BaseOperator):
             },  # fmt: skip
             entrypoint_num_cpus=self.entrypoint_num_cpus,
             entrypoint_resources=self.entrypoint_resources,
+            without_env_vars=set(moved),
         )
         self.log.info("Submitted Ray job %s (%s, spec digest %s%s)", submission_id, self.job_module, digest[:12],
                       "".join(f"; {name}: {value}" for name, value in sorted(external.items())))  # fmt: skip
         return submission_id
+
+    def _secret_env_vars(self, runtime_env: Mapping[str, Any]) -> dict[str, str]:
+        """The runtime_env's environment variables (the connection's and the task's) whose names say
+        they hold a secret (:func:`emr_ray.cluster.reuse.secret_looking`): they go to the job through
+        the secret channel instead (the driver exports them; workers fetch them with the job's other
+        secrets)."""
+        merged = merge_runtime_env(self.hook.conn_config["runtime_env"], dict(runtime_env))
+        return {name: str(value) for name, value in (merged.get("env_vars") or {}).items()
+                if name not in (SECRET_REF_ENV, FORCE_ENV) and secret_looking(name)}  # fmt: skip
 
     _log_lines_printed = 0
 

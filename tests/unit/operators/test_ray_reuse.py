@@ -5,6 +5,10 @@ A clear after a change must recompute even when the spec is the same: a raw part
 under the same URI, the champion the training compared with moved, the generation a preprocessing
 committed pruned. A plain retry with nothing changed must still reattach (no second job). The real
 Jobs API and Spark: ``tests/integration/test_spark_session.py``.
+
+Why a fake Jobs API here: the unit layer runs without a Ray head (``make unit`` in under a minute);
+it stands in only for job lookups and submits, and the decisions it drives are proved against the
+real Jobs API in the integration tests named above.
 """
 
 from __future__ import annotations
