@@ -283,7 +283,13 @@ def test_a_stopped_job_is_final(ray_conn):
         op.execute({"ti": ti})
 
 
-def test_on_kill_stops_the_job(ray_conn):
+def test_on_kill_stops_the_job_in_a_worker_and_while_deferred(ray_conn):
+    """The task killed in its worker stops its job; so does a deferred task a person marks failed
+    (the triggerer calls the trigger's ``on_kill``; before, the job ran on)."""
+    import asyncio
+
+    from airflow.sdk.exceptions import TaskDeferred
+
     hook = RayHook(ray_conn)
     ti = FakeTaskInstance("echo")
     op = RayJobOperator(task_id="echo", spec={"sleep_seconds": 60}, poll_interval=0.5)
@@ -292,6 +298,15 @@ def test_on_kill_stops_the_job(ray_conn):
     wait_for(hook, op._submission_id, {"RUNNING"})
     op.on_kill()
     assert wait_for(hook, op._submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
+
+    deferring = RayJobOperator(task_id="echo_deferred", spec={"sleep_seconds": 60}, poll_interval=0.5,
+                               deferrable=True)  # fmt: skip
+    with pytest.raises(TaskDeferred) as deferred:
+        deferring.execute({"ti": FakeTaskInstance("echo_deferred")})
+    trigger = deferred.value.trigger
+    wait_for(hook, trigger.submission_id, {"RUNNING"})
+    asyncio.run(trigger.on_kill())
+    assert wait_for(hook, trigger.submission_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
 
 
 def run_trigger(trigger) -> dict:

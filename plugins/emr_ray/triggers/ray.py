@@ -6,7 +6,8 @@ Yields one terminal event with the same reading the poking path uses
 shared backoff for ``monitor_retry_seconds``; when that budget runs out the event says so and the job
 is left running. It knows the task's deadline: when ``execution_timeout`` runs out while the task is
 deferred, the trigger stops the job itself, so no job is orphaned; and the pending deadline: a job
-still PENDING then is stopped, and the event says which resources it waits for.
+still PENDING then is stopped, and the event says which resources it waits for. A deferred task that
+a person marks failed or succeeded, or clears, stops its job too (:meth:`RayJobTrigger.on_kill`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,20 @@ class RayJobTrigger(BaseTrigger):
                 "entrypoint_asks": self.entrypoint_asks,
             },
         )
+
+    async def on_kill(self) -> None:
+        """Stop the job when a person acts on the deferred task (mark failed, mark success, clear), as
+        the task's own ``on_kill`` does while it runs in a worker: no job is left running for a task
+        that no longer waits for it (issue 32, item 4)."""
+        hook = RayHook(self.ray_conn_id, retry_seconds=min(self.monitor_retry_seconds, 30.0))
+        try:
+            async with hook.async_jobs() as jobs:
+                stopped = await jobs.stop_job(self.submission_id)
+            self.log.warning("The deferred task was acted on; stopped Ray job %s (%s)", self.submission_id,
+                             "stop accepted" if stopped else "it had ended")  # fmt: skip
+        except Exception as e:  # best effort, as on_kill must be: say where to stop it by hand
+            self.log.error("Could not stop Ray job %s (%s); stop it from %s", self.submission_id, e,
+                           hook.job_url(self.submission_id))  # fmt: skip
 
     def _event(self, **payload: Any) -> TriggerEvent:
         return TriggerEvent({"status": "error", "submission_id": self.submission_id, **payload})
