@@ -63,6 +63,12 @@ class RayJobStoppedError(RayJobFailedError, AirflowFailException):
     """Someone stopped the job (dashboard, ``ray job stop``): STOPPED is final, the task is not retried."""
 
 
+class RayJobTakenOverStoppedError(RayJobFailedError):
+    """An earlier try's job that this try had taken over was stopped: most likely by that earlier try's
+    late ``on_kill`` (Airflow declared it a zombie), not by a person. Not final: retried, and the
+    retry submits its own job."""
+
+
 class RayJobPendingTimeoutError(RayJobFailedError):
     """The job stayed PENDING longer than ``pending_timeout``; retried (other jobs may free resources)."""
 

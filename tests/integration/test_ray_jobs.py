@@ -24,6 +24,7 @@ from emr_ray.exceptions import (
     RayJobInputError,
     RayJobRejectedError,
     RayJobStoppedError,
+    RayJobTakenOverStoppedError,
 )
 from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
@@ -265,6 +266,38 @@ def test_force_recompute_submits_a_new_job_that_is_told_to_ignore_stored_results
     assert forced.execute({"ti": retry})["echo"] == "same"
     job = hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id())
     assert job["status"] == "SUCCEEDED" and job["runtime_env"]["env_vars"][FORCE_ENV] == "1"
+
+
+def test_a_stale_tries_late_on_kill_is_not_a_final_failure_of_its_successor(ray_conn):
+    """Issue 32, item 4: try 1 is declared a zombie, try 2 takes over its job, then try 1's late
+    on_kill stops that job. Try 2 fails retryably (before: STOPPED, final, no retry), and its retry
+    submits a job of its own."""
+    import threading
+
+    hook = RayHook(ray_conn)
+    first = FakeTaskInstance("echo", try_number=1)
+    stale = RayJobOperator(task_id="echo", spec={"payload": "x", "sleep_seconds": 8}, poll_interval=0.5)
+    stale._submission_id = submit_as_try(stale, first)
+    wait_for(hook, stale._submission_id, {"RUNNING"})
+    successor = RayJobOperator(task_id="echo", spec={"payload": "x", "sleep_seconds": 8}, poll_interval=0.5)
+    outcome: list[BaseException] = []
+
+    def run_successor() -> None:
+        try:
+            successor.execute({"ti": FakeTaskInstance("echo", try_number=2, run_id=first.run_id)})
+        except BaseException as e:
+            outcome.append(e)
+
+    waiting = threading.Thread(target=run_successor)
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while getattr(successor, "_submission_id", None) != stale._submission_id and time.monotonic() < deadline:
+        time.sleep(0.05)  # until try 2 has taken the job over
+    stale.on_kill()  # the zombie's late on_kill
+    waiting.join(timeout=60)
+    [error] = outcome
+    assert isinstance(error, RayJobTakenOverStoppedError) and not isinstance(error, AirflowFailException)
+    assert "the retry submits its own job" in str(error)
 
 
 def test_a_stopped_job_is_final(ray_conn):

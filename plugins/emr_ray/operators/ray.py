@@ -37,6 +37,7 @@ from emr_ray.exceptions import (
     RayJobPendingTimeoutError,
     RayJobsApiError,
     RayJobStoppedError,
+    RayJobTakenOverStoppedError,
     RayJobUnschedulableError,
     RayMonitorLostError,
 )
@@ -100,7 +101,8 @@ class RayJobOperator(BaseOperator):
 
     **Failures.** A job that failed on its input (the job runtime's exit 2: missing or bad data, bad
     config) or that someone stopped fails the task without retries (``AirflowFailException``);
-    other job failures are retried.
+    other job failures are retried, and so is an earlier try's job that this try had taken over and
+    that was then stopped (most likely by that try's late ``on_kill``): the retry submits its own.
 
     :param job_module: the cluster-side module to run, e.g. ``emr_ray.cluster.jobs.train``.
     :param spec: the job's spec (templated).
@@ -230,6 +232,7 @@ class RayJobOperator(BaseOperator):
             raise RayJobInputError(f"Task {identity.task_id}: {e}") from e
         runtime_env = self.hook.ship_packages(self.job_runtime_env(context), code=self.code)
         secrets = self.job_secrets(context, spec)
+        self._own_submission_id = identity.submission_id()
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env, secrets)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
         self.log.info("Ray job %s: %s", self._submission_id, self.hook.job_url(self._submission_id))
@@ -536,6 +539,13 @@ class RayJobOperator(BaseOperator):
                 f"{message}\nThe job failed on its input: the task fails without retries; fix the input "
                 "or the task's arguments, then clear the task."
             )
+        own = getattr(self, "_own_submission_id", None)
+        if reason == "stopped" and own and submission_id != own:
+            raise RayJobTakenOverStoppedError(
+                f"{message}\nThis try had taken over that job from an earlier try, and it was stopped: most "
+                "likely by the earlier try's late on_kill (Airflow declared it a zombie and killed it). Not "
+                f"final: the retry submits its own job ({own} is this try's own name)."
+            )
         if reason == "stopped":
             raise RayJobStoppedError(
                 f"{message}\nSomeone stopped the job (dashboard, `ray job stop`): STOPPED is final and the "
@@ -564,6 +574,7 @@ class RayJobOperator(BaseOperator):
         """Resume after deferral: show the job log's tail (from where the task's own watch left it,
         ``defer_after``), then the same reading as the poking path."""
         self._submission_id = event["submission_id"]
+        self._own_submission_id = TaskIdentity.from_context(context).submission_id()
         if event.get("reason") not in ("monitor_lost", "auth"):
             try:
                 logs = self.hook.get_job_logs(self._submission_id)
