@@ -246,6 +246,13 @@ def test_a_cleared_task_after_its_partition_was_recommitted_trains_on_the_new_da
     ).execute({"ti": cleared, "ds": "2026-11-05"})
     assert after["rows"]["train"] == 6000 and not after.get("reused")
     assert after["mlflow_run_id"] != before["mlflow_run_id"]
+    # issue 31, item 6: every checkpoint in the run's folder names the new inputs; A's are not kept
+    run_folder = Path(after["checkpoint_uri"].removeprefix("file://")).parent
+    assert Path(before["checkpoint_uri"].removeprefix("file://")).parent == run_folder
+    named = [
+        json.loads((d / "inputs.json").read_text())["fingerprint"] for d in run_folder.glob("checkpoint_*")
+    ]
+    assert named and len(set(named)) == 1
     assert RayHook(ray_conn).get_job(TaskIdentity.from_context({"ti": cleared}).submission_id()) is not None
 
 
