@@ -5,36 +5,12 @@ bad input named with its fix. (Spark on Ray runs the same function in tests/inte
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from include.preprocessing.text import UNKNOWN, token_ids, tokenize
 
 TRICKY = ["Don’t HATE it!!", "isn't\tbad\nat ALL", "CAFÉ naïve ÉCOLE", "\u212aelvin \U0001f600 5 stars #1",
           "snake_case and-dashes", "?!...", "", None, "NOT good, not bad", "not good"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    from emr_ray.cluster.jobs.spark import JAVA_OPTIONS
-
-    session = (
-        SparkSession.builder.master("local[1]")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    yield session
-    session.stop()
-    logging.getLogger("py4j").setLevel(
-        logging.WARNING
-    )  # its connections log on close, after pytest's capture
 
 
 def reviews(spark, texts, ids=None):

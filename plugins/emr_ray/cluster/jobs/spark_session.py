@@ -38,7 +38,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from itertools import count
 from typing import Any
 
@@ -72,6 +73,21 @@ def session_key(
 def cpus(settings: SparkSettings) -> float:
     """The CPUs a session's executors hold."""
     return float(settings.num_executors * settings.executor_cores)
+
+
+@contextmanager
+def call_session(spark: Any) -> Iterator[Any]:
+    """A fresh session of the warm SparkContext for one call (``newSession``): the call's SQL settings
+    (a time zone), temporary views and functions are its own and end with it, and whatever it cached
+    (plans whose closures hold its credentials) is dropped when it ends. The executors stay warm."""
+    session = spark.newSession()
+    try:
+        yield session
+    finally:
+        try:
+            session.catalog.clearCache()
+        except Exception as e:  # a broken session: the error that broke it is the one to report
+            log.warning("Could not clear the call's cached data: %s", e)
 
 
 class WarmSpark(warm_actor.WarmActor):
@@ -111,7 +127,8 @@ class WarmSpark(warm_actor.WarmActor):
             began = time.time()
             lines = warm.CallLog.attach()
             try:
-                result = preprocess_partition(self.spark, spec, options, files, lap=recorder.lap)
+                with call_session(self.spark) as spark:
+                    result = preprocess_partition(spark, spec, options, files, lap=recorder.lap)
             finally:
                 warm.CallLog.detach()
         return {"result": result, "log": lines, "phases": recorder.phases, "call_started_at": began,
