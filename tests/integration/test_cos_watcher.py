@@ -131,6 +131,29 @@ def test_an_empty_listing_never_makes_it_announce_history_again(cos_conn, cos_se
     assert storm == [] and store.values[ANNOUNCED_KEY] == recorded
 
 
+def test_polls_list_only_recent_partitions_and_the_hourly_full_listing_sees_the_rest(cos_conn, cos_prefix):
+    """Issue 32, item 5: each poll listed every object under the prefix. Between full listings a poll
+    lists from 7 days before the newest partition: an old partition landed again is not seen by those
+    polls (proof that they skipped it), and the next full listing announces it."""
+    import time
+
+    hook, store = COSHook(cos_conn), DictStateStore()
+    for day in ("2026-10-01", "2026-11-28"):
+        land(hook, cos_prefix, day)
+    events_while(watcher(cos_prefix, store), seconds=0.3)  # history
+
+    def reland_old_and_land_new() -> None:
+        time.sleep(1.1)  # LastModified has a one-second resolution
+        land(hook, cos_prefix, "2026-10-01")
+        land(hook, cos_prefix, "2026-11-29")
+
+    incremental = watcher(cos_prefix, store, full_listing_s=3600)
+    polls = events_while(incremental, reland_old_and_land_new, seconds=1)
+    assert [e["partition"] for e in polls] == ["2026-11-29"]
+    full = watcher(cos_prefix, store, full_listing_s=0)  # every poll lists everything
+    assert [e["partition"] for e in events_while(full, seconds=0.5)] == ["2026-10-01"]
+
+
 def test_partition_dates_are_read_from_keys():
     assert partition_of("raw/dt=2026-12-01/_SUCCESS") == "2026-12-01"
     assert partition_of("dt=2026-12-01/_SUCCESS") == "2026-12-01"

@@ -248,11 +248,17 @@ class COSHook(BaseHook):
         return self.head_object(key, bucket_name) is not None
 
     def iter_objects(
-        self, bucket_name: str | None = None, prefix: str = "", delimiter: str = "", page_size: int = 1000
+        self,
+        bucket_name: str | None = None,
+        prefix: str = "",
+        delimiter: str = "",
+        page_size: int = 1000,
+        start_after: str = "",
     ) -> Iterator[dict[str, Any]]:
-        """Every object under ``prefix``, page by page: dicts with ``Key``, ``Size`` (int), ``ETag``, ``LastModified``."""
+        """Every object under ``prefix`` (whose key sorts after ``start_after``, when given), page by page:
+        dicts with ``Key``, ``Size`` (int), ``ETag``, ``LastModified``."""
         bucket = self._bucket(bucket_name)
-        marker = ""
+        marker = start_after
         while True:
             page = self._call(
                 "list",
@@ -287,17 +293,21 @@ class COSHook(BaseHook):
         return [obj["Key"] for obj in self.iter_objects(bucket_name, prefix, delimiter)]
 
     def get_matching_objects(
-        self, bucket_name: str | None, pattern: str, *, use_regex: bool = False
+        self, bucket_name: str | None, pattern: str, *, use_regex: bool = False, start_after: str = ""
     ) -> list[dict[str, Any]]:
         """Objects whose key matches ``pattern``: fnmatch wildcards, or a regex matched from the key's start.
 
-        Only the literal prefix of the pattern is listed, so a narrow pattern stays cheap on a big bucket.
+        Only the literal prefix of the pattern is listed, so a narrow pattern stays cheap on a big bucket;
+        ``start_after`` lists only keys that sort after it (an asset watcher's recent partitions).
         """
         if "://" in pattern:
             bucket_name, pattern = self.resolve(pattern, bucket_name)
         prefix = literal_prefix(pattern, use_regex=use_regex)
         matcher = compile_pattern(pattern, use_regex)
-        return [obj for obj in self.iter_objects(bucket_name, prefix) if matcher(obj["Key"])]
+        objects = self.iter_objects(
+            bucket_name, prefix, start_after=max(start_after, prefix) if start_after else ""
+        )
+        return [obj for obj in objects if matcher(obj["Key"])]
 
     def get_matching_keys(
         self, bucket_name: str | None, pattern: str, *, use_regex: bool = False

@@ -45,13 +45,15 @@ def match_keys(
     wildcard_match: bool = False,
     use_regex: bool = False,
     metadata_keys: list[str] | None = None,
+    partitions_from: str | None = None,
 ) -> tuple[bool, list[dict[str, Any]]]:
     """Whether every key (or pattern) has a match, and the matching objects: the one matcher behind
     :class:`~emr_ray.sensors.cos.COSSensor`'s poke and :class:`~emr_ray.triggers.cos.COSKeyTrigger`.
 
     Each object is a JSON-able dict: ``Bucket``, ``Key``, ``Url`` plus the requested ``metadata_keys``
     (``Size``, ``ETag``, ``LastModified`` (ISO 8601), any response header such as ``Content-Type`` or
-    ``x-cos-meta-owner``, or ``*`` for all of them).
+    ``x-cos-meta-owner``, or ``*`` for all of them). ``partitions_from`` (a date, ``YYYY-MM-DD``): of
+    a pattern with ``dt=``, list only the partitions from that date on (keys sort by date there).
     """
     keys = [bucket_keys] if isinstance(bucket_keys, str) else list(bucket_keys)
     wanted = list(metadata_keys) if metadata_keys else ["Size"]
@@ -59,7 +61,10 @@ def match_keys(
     for raw in keys:
         bucket, key = hook.resolve(raw, bucket_name)
         if wildcard_match or use_regex:
-            matches = hook.get_matching_objects(bucket, key, use_regex=use_regex)
+            start_after = ""
+            if partitions_from and "dt=" in key:
+                start_after = f"{key[: key.index('dt=')]}dt={partitions_from}"
+            matches = hook.get_matching_objects(bucket, key, use_regex=use_regex, start_after=start_after)
             if not matches:
                 return False, []
             for obj in matches:

@@ -55,6 +55,10 @@ class COSKeyTrigger(BaseEventTrigger):
     :param min_objects: with ``inactivity_period``, the fewest objects the settled set may hold.
     :param inactivity_state: the sensor's last observation (from ``check_unchanged``), to carry on from.
     :param announce_existing: as a watcher, announce the objects that already match at its first start.
+    :param lookback_days: as a watcher, between two full listings a poll lists only the ``dt=``
+        partitions from this many days before the newest one announced (keys sort by date there): one
+        landed again within that window is seen at once, an older one at the next full listing.
+    :param full_listing_s: as a watcher, seconds between two full listings of the watched prefix.
     """
 
     def __init__(
@@ -71,6 +75,8 @@ class COSKeyTrigger(BaseEventTrigger):
         min_objects: int = 1,
         inactivity_state: dict[str, Any] | None = None,
         announce_existing: bool = False,
+        lookback_days: int = 7,
+        full_listing_s: float = 3600.0,
     ) -> None:
         super().__init__()
         self.bucket_keys = list(bucket_keys)
@@ -84,6 +90,8 @@ class COSKeyTrigger(BaseEventTrigger):
         self.min_objects = min_objects
         self.inactivity_state = dict(inactivity_state) if inactivity_state else None
         self.announce_existing = announce_existing
+        self.lookback_days = lookback_days
+        self.full_listing_s = full_listing_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -100,6 +108,8 @@ class COSKeyTrigger(BaseEventTrigger):
                 "min_objects": self.min_objects,
                 "inactivity_state": self.inactivity_state,
                 "announce_existing": self.announce_existing,
+                "lookback_days": self.lookback_days,
+                "full_listing_s": self.full_listing_s,
             },
         )
 
@@ -155,12 +165,23 @@ class COSKeyTrigger(BaseEventTrigger):
     #: never a loss); recorded at the first poll after this
     persist_grace_s: float = 10.0
 
+    def _recent(self, seen: set[str]) -> str | None:
+        """The first date an incremental listing covers: :attr:`lookback_days` before the newest
+        partition announced (None: none is dated, list everything)."""
+        import datetime as dt
+
+        dates = [d for d in (partition_of(ident.rpartition("@")[0]) for ident in seen) if d]
+        if not dates:
+            return None
+        return (dt.date.fromisoformat(max(dates)) - dt.timedelta(days=self.lookback_days)).isoformat()
+
     async def watch(self, hook: Any) -> AsyncIterator[TriggerEvent]:
         """The asset-watcher loop: one event per object that matches and was not announced yet.
 
         Recorded only once its event had time to be persisted (:attr:`persist_grace_s`); never
         forgotten because a listing left it out (an empty or partial listing would otherwise make the
-        next one announce all history again); the record keeps one entry per key, the newest.
+        next one announce all history again); the record keeps one entry per key, the newest. Between
+        two full listings (hourly) a poll lists only the recent partitions (:attr:`lookback_days`).
         """
         from emr_ray.hooks.cos_keys import match_keys
 
@@ -170,12 +191,16 @@ class COSKeyTrigger(BaseEventTrigger):
         first_start = announced is None
         seen: set[str] = {str(item) for item in announced} if isinstance(announced, list) else set()
         pending: dict[str, float] = {}  # yielded, not recorded yet: when
+        listed_all_at = float("-inf")
         while True:
+            recent = None if time.monotonic() - listed_all_at >= self.full_listing_s else self._recent(seen)
             try:
                 _, objects = await asyncio.to_thread(
                     match_keys, hook, self.bucket_keys, self.bucket_name, wildcard_match=self.wildcard_match,
-                    use_regex=self.use_regex, metadata_keys=["Size", "LastModified"],
+                    use_regex=self.use_regex, metadata_keys=["Size", "LastModified"], partitions_from=recent,
                 )  # fmt: skip
+                if recent is None:
+                    listed_all_at = time.monotonic()
             except Exception as e:  # a watcher outlives COS outages: log, and poll again
                 self.log.warning(
                     "Watching %s: %s; polling again in %ss", self.bucket_keys, e, self.poke_interval
