@@ -73,9 +73,8 @@ def digestible_runtime_env(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
     rotating a credential or forcing one run does not change what a job computes."""
     env = dict(runtime_env)
     if "env_vars" in env:
-        secret = set(COS_SECRET_ENV.values())
         env["env_vars"] = {
-            name: "<secret>" if name in secret or secret_looking(name) else value
+            name: "<secret>" if secret_looking(name) else value
             for name, value in (env["env_vars"] or {}).items()
             if name != FORCE_ENV
         }

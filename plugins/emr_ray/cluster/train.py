@@ -244,10 +244,15 @@ def with_inputs_of_plan(train_loop: Callable[[dict[str, Any]], None]) -> Callabl
     its context (a warm group's call sets it itself), so that its checkpoints carry it."""
 
     def loop(config: dict[str, Any]) -> None:
-        with running_in(RayTrainContext((config.get(shards.PLAN_KEY) or {}).get("inputs"))):
+        with running_in(RayTrainContext(inputs_of_plan(config))):
             train_loop(config)
 
     return loop
+
+
+def inputs_of_plan(config: dict[str, Any]) -> str | None:
+    """The input fingerprint the job put in the loop's ``config`` (its shard plan), or None."""
+    return (config.get(shards.PLAN_KEY) or {}).get("inputs")
 
 
 @contextlib.contextmanager
@@ -341,11 +346,17 @@ def read_metrics(directory: str) -> dict[str, Any] | None:
 def _read_json_file(path: str) -> dict[str, Any] | None:
     if not os.path.exists(path):
         return None
+    with open(path, "rb") as f:
+        return parse_json_object(f.read(), path)
+
+
+def parse_json_object(raw: bytes, where: str) -> dict[str, Any] | None:
+    """The JSON object a checkpoint file holds, or None (logged) when it is not one: a file cut off
+    mid-write counts as absent, and stays where it is for inspection."""
     try:
-        with open(path) as f:
-            found = json.load(f)
+        found = json.loads(raw.decode())
     except ValueError as e:
-        logging.getLogger(__name__).warning("Ignoring %s: it is not readable JSON (%s)", path, e)
+        logging.getLogger(__name__).warning("Ignoring %s: it is not readable JSON (%s)", where, e)
         return None
     return found if isinstance(found, dict) else None
 

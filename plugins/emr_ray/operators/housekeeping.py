@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from emr_ray.cluster import retention
-from emr_ray.templating import as_bool
+from emr_ray.templating import as_bool, as_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -74,7 +74,6 @@ class PartitionHousekeepingOperator(BaseOperator):
 
 
 def _policy(retain: timedelta | float, keep: int, abandon_after: timedelta | float) -> retention.Policy:
-    def seconds(value: timedelta | float) -> float:
-        return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-    return retention.Policy(keep=int(keep), retain_s=seconds(retain), abandon_after_s=seconds(abandon_after))
+    return retention.Policy(
+        keep=int(keep), retain_s=as_seconds(retain), abandon_after_s=as_seconds(abandon_after)
+    )

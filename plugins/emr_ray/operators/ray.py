@@ -57,7 +57,7 @@ from emr_ray.hooks.ray_wait import (
 from emr_ray.identity import TaskIdentity
 from emr_ray.links.ray import RayJobLink
 from emr_ray.operators.ray_check import RayConnectOperator
-from emr_ray.templating import as_bool
+from emr_ray.templating import as_bool, as_seconds
 from emr_ray.triggers.ray import RayJobTrigger
 
 __all__ = ["RayConnectOperator", "RayJobOperator"]
@@ -70,7 +70,7 @@ def _seconds(value: float | timedelta | str | None) -> float | None:
     """Seconds from a number, a ``timedelta`` or a rendered template; None (or 0) for "no limit"."""
     if value is None or value == "":
         return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    seconds = as_seconds(value)
     return seconds if seconds > 0 else None
 
 

@@ -11,7 +11,7 @@ from emr_ray.cluster import storage
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
-from emr_ray.templating import as_bool
+from emr_ray.templating import as_bool, as_seconds
 
 
 class RayDPSparkOperator(RayJobOperator):
@@ -127,7 +127,7 @@ class RayDPSparkOperator(RayJobOperator):
             config=self.config,
             validate_only=as_bool(self.validate_only),
             keep_generations=int(self.keep_generations),
-            retain_generations_s=_seconds(self.retain_generations),
+            retain_generations_s=as_seconds(self.retain_generations),
             spark=SparkSettings(
                 app_name=self.app_name or f"{identity.dag_id}-{identity.task_id}",
                 num_executors=int(self.num_executors),
@@ -196,8 +196,3 @@ class RayDPSparkOperator(RayJobOperator):
         except storage.StorageError as e:
             return f"the generation {generation} it committed is gone or incomplete ({e})"
         return None
-
-
-def _seconds(value: timedelta | float | str) -> float:
-    """A retention given as a timedelta or as seconds (a template renders a number as text)."""
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)

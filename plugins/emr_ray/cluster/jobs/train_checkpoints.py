@@ -14,7 +14,6 @@ last, so a checkpoint without it (a crash during the upload) is incomplete and n
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -27,8 +26,6 @@ from emr_ray.cluster import train as emr_train
 from emr_ray.cluster.spec import CheckpointSpec
 
 PREFIX = "checkpoint_"
-
-log = logging.getLogger(__name__)
 
 
 def directory_name(epoch: int) -> str:
@@ -102,12 +99,12 @@ class CheckpointStore:
         for info in self.fsys.get_file_info(pafs.FileSelector(self.run_path, allow_not_found=True)):
             if info.type != pafs.FileType.Directory or not info.base_name.startswith(PREFIX):
                 continue
-            metrics = _read_json(self.fsys, f"{info.path}/{emr_train.METRICS_FILE}")
+            metrics = read_json(self.fsys, f"{info.path}/{emr_train.METRICS_FILE}")
             if metrics is None or "epoch" not in metrics:
                 continue
             if (
                 self.inputs
-                and (_read_json(self.fsys, f"{info.path}/{emr_train.INPUTS_FILE}") or {}).get("fingerprint")
+                and (read_json(self.fsys, f"{info.path}/{emr_train.INPUTS_FILE}") or {}).get("fingerprint")
                 != self.inputs
             ):
                 continue
@@ -149,18 +146,12 @@ class CheckpointStore:
         return kept
 
 
-def _read_json(fsys: Any, path: str) -> dict[str, Any] | None:
-    import json
-
+def read_json(fsys: Any, path: str) -> dict[str, Any] | None:
+    """The JSON object of a checkpoint file on ``fsys`` (``metrics.json``, ``inputs.json``), or None
+    when it is missing or unreadable (:func:`emr_ray.cluster.train.parse_json_object`)."""
     from pyarrow import fs as pafs
 
     if fsys.get_file_info(path).type != pafs.FileType.File:
         return None
     with fsys.open_input_stream(path) as f:
-        raw = f.read()
-    try:
-        found = json.loads(raw.decode())
-    except ValueError as e:  # truncated: that checkpoint counts as incomplete; the file stays for inspection
-        log.warning("Ignoring %s: it is not readable JSON (%s)", path, e)
-        return None
-    return found if isinstance(found, dict) else None
+        return emr_train.parse_json_object(f.read(), path)

@@ -114,7 +114,7 @@ class TrainWorker:
 
         from emr_ray.cluster import storage
         from emr_ray.cluster import train as emr_train
-        from emr_ray.cluster.jobs import shards, train_checkpoints
+        from emr_ray.cluster.jobs import train_checkpoints
         from emr_ray.cluster.spec import import_by_path
 
         self.call, self.reports = call, []
@@ -130,9 +130,8 @@ class TrainWorker:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 resume_dir = train_checkpoints.download(fsys, resume_path, tmp) if resume_path else None
-                inputs = (config.get(shards.PLAN_KEY) or {}).get("inputs")  # checkpoints carry it
                 context = emr_train.WarmGroupContext(self.rank, self.world_size, self.device, options, resume_dir,
-                                                     report, inputs)  # fmt: skip
+                                                     report, emr_train.inputs_of_plan(config))  # fmt: skip
                 with emr_train.running_in(context):
                     import_by_path(train_loop)(config)
         finally:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from emr_ray.cluster import mlflow_auth, secrets
 from emr_ray.cluster import train as emr_train
+from emr_ray.cluster.jobs import train_checkpoints
 from emr_ray.cluster.jobs._runtime import JobInputError
 from emr_ray.cluster.spec import MLflowSection, TrainJobSpec, import_by_path
 
@@ -241,7 +242,7 @@ def backfill_checkpointed_epochs(fsys, run_path: str, spec: TrainJobSpec, mlflow
     for directory in sorted(
         i.path for i in infos if i.type == pafs.FileType.Directory and "/checkpoint_" in i.path
     ):
-        metrics = _checkpoint_metrics(fsys, directory)
+        metrics = train_checkpoints.read_json(fsys, f"{directory}/{emr_train.METRICS_FILE}")
         if not metrics:
             continue
         epoch = int(metrics.pop("epoch", -1))
@@ -251,22 +252,6 @@ def backfill_checkpointed_epochs(fsys, run_path: str, spec: TrainJobSpec, mlflow
                        if isinstance(v, (int, float))]  # fmt: skip
             mlflow_client.log_batch(mlflow_run_id, metrics=numeric)
             log.info("Backfilled MLflow metrics of checkpointed epoch %d", epoch)
-
-
-def _checkpoint_metrics(fsys, directory: str) -> dict[str, Any] | None:
-    """A checkpoint's metrics, copied from its (possibly remote) directory to read it with emr_ray.cluster.train."""
-    from pyarrow import fs as pafs
-
-    remote = f"{directory}/{emr_train.METRICS_FILE}"
-    if fsys.get_file_info(remote).type != pafs.FileType.File:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        with (
-            fsys.open_input_stream(remote) as f,
-            open(os.path.join(tmp, emr_train.METRICS_FILE), "wb") as out,
-        ):
-            out.write(f.read())
-        return emr_train.read_metrics(tmp)
 
 
 def log_model(spec: TrainJobSpec, mlflow_run_id: str, checkpoint, example, read_dataset=None):
