@@ -60,30 +60,25 @@ def test_the_same_bytes_landed_again_locally_are_another_identity(tmp_path):
     assert partition_identity(uri) != before
 
 
-class FakeCOSHook:
-    """A listing as COSHook.iter_objects gives it (its own tests: ``test_cos.py``)."""
+def test_a_cos_partition_is_listed_with_etags_under_its_own_prefix_only(cos_conn, cos_prefix):
+    """Against the COS stand-in: the partition's own objects (not ``dt=2026-11-050``'s), with their
+    ETags; a file landed again with the same size still changes the identity (its ETag)."""
+    from devstack.constants import BUCKET
+    from emr_ray.hooks.cos import COSHook
 
-    def __init__(self, objects):
-        self.objects, self.asked = objects, []
-
-    def iter_objects(self, bucket_name=None, prefix=""):
-        self.asked.append((bucket_name, prefix))
-        return [o for o in self.objects if o["Key"].startswith(prefix)]
-
-
-def test_a_cos_partition_is_listed_with_etags_under_its_own_prefix_only():
-    hook = FakeCOSHook([
-        {"Key": "raw/dt=2026-11-05/part-0.parquet", "Size": 10, "ETag": "e1", "LastModified": "2026-12-04T10:00:00.000Z"},
-        {"Key": "raw/dt=2026-11-05/_SUCCESS", "Size": 0, "ETag": "d41d", "LastModified": "2026-12-04T10:00:01.000Z"},
-        {"Key": "raw/dt=2026-11-050/part-0.parquet", "Size": 99, "ETag": "x", "LastModified": "2026-12-04T10:00:00.000Z"},
-    ])  # fmt: skip
-    listed = list_partition("cos://bucket-125/raw/dt=2026-11-05", cos_hook=hook)
-    assert hook.asked == [("bucket-125", "raw/dt=2026-11-05/")]
-    assert sorted(listed) == [Listed("_SUCCESS", 0, "d41d", "2026-12-04T10:00:01+00:00"),
-                              Listed("part-0.parquet", 10, "e1", "2026-12-04T10:00:00+00:00")]  # fmt: skip
-    assert partition_identity("cos://bucket-125/raw/dt=2026-11-05", cos_hook=hook).startswith(
-        "2 files, 10 bytes"
-    )
+    hook = COSHook(cos_conn)
+    for key, data in ((f"{cos_prefix}raw/dt=2026-11-05/part-0.parquet", b"0123456789"),
+                      (f"{cos_prefix}raw/dt=2026-11-05/_SUCCESS", b""),
+                      (f"{cos_prefix}raw/dt=2026-11-050/part-0.parquet", b"x" * 99)):  # fmt: skip
+        hook.upload_bytes(data, key)
+    uri = f"cos://{BUCKET}/{cos_prefix}raw/dt=2026-11-05"
+    listed = sorted(list_partition(uri, cos_hook=hook))
+    assert [(item.name, item.size) for item in listed] == [("_SUCCESS", 0), ("part-0.parquet", 10)]
+    assert all(item.etag and item.modified for item in listed)
+    before = partition_identity(uri, cos_hook=hook)
+    assert before.startswith("2 files, 10 bytes")
+    hook.upload_bytes(b"9876543210", f"{cos_prefix}raw/dt=2026-11-05/part-0.parquet")  # same size
+    assert partition_identity(uri, cos_hook=hook) != before
 
 
 def test_an_hdfs_partition_is_listed_with_webhdfs_modification_times(hdfs_options, hdfs_root):
