@@ -63,6 +63,8 @@ from emr_ray.triggers.ray import RayJobTrigger
 __all__ = ["RayConnectOperator", "RayJobOperator"]
 
 _LOG_LINES_PER_POLL = 200
+#: the XCom that names the try owning the task's Ray job: a stale try's late ``on_kill`` reads it
+OWNER_XCOM_KEY = "ray_job_owner"
 _STOP_RETRY_SECONDS = 30.0
 
 
@@ -97,7 +99,10 @@ class RayJobOperator(BaseOperator):
     with backoff (1 s doubling to 30 s) for ``monitor_retry_seconds``, each retry logged, in both the
     polling and the deferred path. When that runs out, the task fails and says so; the job is left
     running, and a retry reattaches to it. The job is stopped only when the task is killed or times
-    out (``execution_timeout``), or when it stays PENDING longer than ``pending_timeout``.
+    out (``execution_timeout``), or when it stays PENDING longer than ``pending_timeout``; and only by
+    the try that owns it: each try records in the XCom ``ray_job_owner`` which job it submitted or took
+    over, so the late ``on_kill`` of a try Airflow declared a zombie leaves its job to the later try
+    that took it over.
 
     **Failures.** A job that failed on its input (the job runtime's exit 2: missing or bad data, bad
     config) or that someone stopped fails the task without retries (``AirflowFailException``);
@@ -234,6 +239,7 @@ class RayJobOperator(BaseOperator):
         secrets = self.job_secrets(context, spec)
         self._own_submission_id = identity.submission_id()
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env, secrets)
+        self._claim(context["ti"], identity.try_number)
         RayJobLink.persist(context, self.hook.job_url(self._submission_id))
         self.log.info("Ray job %s: %s", self._submission_id, self.hook.job_url(self._submission_id))
         started = time.time()
@@ -608,5 +614,35 @@ class RayJobOperator(BaseOperator):
             self.log.exception("Could not stop Ray job %s; stop it from the dashboard", submission_id)
             return False
 
+    def _claim(self, ti: Any, try_number: int) -> None:
+        """Record that this try owns its job (submitted or taken over), where an earlier try can see it:
+        an earlier try that Airflow declared a zombie may run ``on_kill`` late, after this try took its
+        job over; it must leave the job to this try (:meth:`on_kill`)."""
+        self._ti, self._try_number = ti, try_number
+        ti.xcom_push(
+            key=OWNER_XCOM_KEY, value={"submission_id": self._submission_id, "try_number": try_number}
+        )
+
+    def _taken_over_by(self) -> int | None:
+        """The later try that owns this try's job now, or None (this try owns it, or nobody can say)."""
+        ti, mine = getattr(self, "_ti", None), getattr(self, "_try_number", None)
+        if ti is None or mine is None or not hasattr(ti, "xcom_pull"):
+            return None
+        try:
+            owner = ti.xcom_pull(task_ids=ti.task_id, key=OWNER_XCOM_KEY, map_indexes=ti.map_index)
+        except Exception as e:  # best effort, as on_kill must be: without an answer, the job is stopped
+            self.log.warning("Could not read which try owns Ray job %s (%s)", self._submission_id, e)
+            return None
+        if isinstance(owner, Mapping) and owner.get("submission_id") == self._submission_id:
+            later = int(owner.get("try_number") or 0)
+            return later if later > mine else None
+        return None
+
     def on_kill(self) -> None:
+        """Stop this try's job, unless a later try has taken it over (this try is a zombie Airflow
+        killed late: stopping would fail the successor's run)."""
+        if later := self._taken_over_by():
+            self.log.warning("Not stopping Ray job %s: try %d has taken it over and owns it now",
+                             self._submission_id, later)  # fmt: skip
+            return
         self._stop_quietly()

@@ -59,6 +59,9 @@ class FakeJobsApi:
         self.stopped.append(submission_id)
         return True
 
+    def job_url(self, submission_id: str) -> str:
+        return f"http://127.0.0.1:8265/#/jobs/{submission_id}"
+
     def finish(self, submission_id: str, result: dict[str, Any], status: str = "SUCCEEDED") -> None:
         self.jobs[submission_id]["status"] = status
         self.logs[submission_id] = f"working...\n{RESULT_MARKER}{json.dumps(result)}\n"
@@ -239,6 +242,69 @@ def test_a_job_without_external_inputs_reuses_on_the_digest_alone():
     assert EXTERNAL_KEY not in api.jobs[first]["metadata"] and api.jobs[first]["metadata"][DIGEST_KEY]
     api.finish(first, {"echo": "x"})
     assert run_try(RayJobOperator(task_id="echo", spec={"payload": "x"}), api, {"payload": "x"}, 2) == first
+
+
+# -- ownership: a stale try's late on_kill ------------------------------------------------------------
+class TaskInstanceXCom:
+    """A try's view of its task instance's XCom, shared by all its tries as Airflow's table is."""
+
+    def __init__(self, table: dict[str, Any], try_number: int, readable: bool = True) -> None:
+        self.table, self.task_id, self.map_index, self.try_number = table, "echo", -1, try_number
+        self.readable = readable
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.table[key] = value
+
+    def xcom_pull(self, task_ids: str, key: str, map_indexes: int) -> Any:
+        if not self.readable:
+            raise ConnectionError("the supervisor is gone")
+        return self.table.get(key)
+
+
+def owned_try(
+    api: FakeJobsApi, table: dict[str, Any], try_number: int, readable: bool = True
+) -> RayJobOperator:
+    """A try that has submitted or taken over its job and said so (what ``execute`` does first)."""
+    op = RayJobOperator(task_id="echo", spec={"payload": "x"})
+    op._submission_id = run_try(op, api, {"payload": "x"}, try_number)
+    op._claim(TaskInstanceXCom(table, try_number, readable), try_number)
+    return op
+
+
+def test_on_kill_of_a_try_whose_job_a_later_try_took_over_leaves_the_job_running():
+    api, table = FakeJobsApi(), {}
+    stale = owned_try(api, table, 1)
+    successor = owned_try(api, table, 2)
+    assert successor._submission_id == stale._submission_id  # taken over
+    stale.on_kill()
+    assert api.stopped == []
+    successor.on_kill()  # the owner's own kill (a person marked it failed) stops it
+    assert api.stopped == [stale._submission_id]
+
+
+def test_on_kill_stops_the_job_when_nobody_took_it_over_or_nobody_can_say():
+    api = FakeJobsApi()
+    owned_try(api, {}, 1).on_kill()
+    unsure = owned_try(api, {}, 1, readable=False)
+    unsure.on_kill()
+    assert api.stopped == [unsure._submission_id] * 2
+
+
+def test_a_taken_over_job_stopped_before_its_successor_said_so_fails_the_successor_retryably():
+    """The window before try 2's claim is readable: try 1's late on_kill stops the job; try 2 then
+    fails retryably (STOPPED is otherwise final), and its retry submits a job of its own."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from emr_ray.exceptions import RayJobTakenOverStoppedError
+
+    api = FakeJobsApi()
+    successor = owned_try(api, {}, 2)
+    successor._own_submission_id = identity(2, "echo").submission_id()
+    event = {"submission_id": identity(1, "echo").submission_id(), "status": "error", "reason": "stopped",
+             "message": "ended STOPPED", "job_status": "STOPPED"}  # fmt: skip
+    with pytest.raises(RayJobTakenOverStoppedError, match="the retry submits its own job") as raised:
+        successor._finish(event)
+    assert not isinstance(raised.value, AirflowFailException)
 
 
 # -- training: the champion it compared with ------------------------------------------------------
