@@ -17,6 +17,7 @@ The task context is the small stand-in of ``test_ray_jobs`` (``execute()`` calle
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -239,8 +240,12 @@ def test_a_warm_group_logs_and_compares_with_the_login_and_keeps_none_of_it(
     )
     assert run.data.metrics["usage.wall_seconds"] == pytest.approx(trained["usage"]["wall_seconds"])
     assert [m.name for m in logged if m.source_run_id == run.info.run_id] == ["model"]
-    job = RayHook().get_job(op._submission_id)
-    assert conns.user[1] not in json.dumps(job) + RayHook().get_job_logs(op._submission_id)
+    job, logs = RayHook().get_job(op._submission_id), RayHook().get_job_logs(op._submission_id)
+    assert conns.user[1] not in json.dumps(job) + logs
+    # the champion, a model from the registry, was scored in a process that ended with the call
+    assert re.search(r"compare:score_champion ran in process \d+, which has ended \(exit code 0\)", logs), (
+        logs
+    )
 
 
 # ---------------------------------------------------------------------- refusals

@@ -6,11 +6,15 @@ its CPUs. Its faults (a killed worker, a killed job) are in ``test_train_resume`
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
+from typing import Any
 
 import pytest
 
 from emr_ray.cluster import storage
+from emr_ray.cluster.jobs._runtime import main
 from emr_ray.hooks.ray import RayHook
 from tests.fixtures.ray import live_actors
 from tests.integration.test_ray_jobs import FakeTaskInstance
@@ -112,3 +116,52 @@ def test_an_idle_group_gives_way_to_a_job_that_needs_its_cpus(ray_conn, mlflow_c
     )
     assert cold["epochs_completed"] == 1
     assert warm["worker_group"]["name"] not in live_groups(RayHook(ray_conn))
+
+
+def slow_usage(seconds: float) -> str:
+    time.sleep(seconds)  # an MLflow that answers slowly (the finished job's usage)
+    return "usage logged"
+
+
+def begin_run() -> str:
+    return "run started"
+
+
+def next_job_beside_a_slow_finished_one(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job: on a warm group's rank 0 (a real ``TrainWorker`` actor), a finished job's usage step
+    hangs on MLflow; the next job's first step asks meanwhile."""
+    import ray
+
+    from emr_ray.cluster.jobs.train_group import remote_worker
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+    rank0 = remote_worker().options(num_cpus=0).remote(0, 1, False)
+    ray.get(rank0.alive.options(concurrency_group="control").remote())
+    usage = rank0.after_lease.options(concurrency_group="after_lease").remote(
+        "tests.integration.test_train_group:slow_usage", {"seconds": 60}
+    )
+    begun = ray.get(
+        rank0.mlflow_step.options(concurrency_group="control").remote(
+            "tests.integration.test_train_group:begin_run", {}, {}
+        )
+    )
+    usage_pending = not ray.wait([usage], timeout=0)[0]
+    ray.kill(rank0)
+    return {"begun": begun, "usage_pending": usage_pending}
+
+
+def test_the_next_jobs_steps_on_rank_0_never_queue_behind_a_finished_jobs_slow_usage(ray_conn):
+    """Issue 32, item 3: a finished job's last MLflow step on rank 0 (its usage, after its lease) hangs
+    on a slow MLflow; the next job's run start on the same rank 0 answers meanwhile (before: both took
+    rank 0's one control slot, so the next job waited for the previous one's MLflow)."""
+    from emr_ray.operators.ray import RayJobOperator
+
+    op = RayJobOperator(
+        task_id="slow_usage", job_module="tests.integration.test_train_group", poll_interval=0.5
+    )
+    result = op.execute({"ti": FakeTaskInstance("slow_usage")})
+    assert result["begun"] == "run started" and result["usage_pending"]
+
+
+if __name__ == "__main__":
+    main(next_job_beside_a_slow_finished_one)

@@ -180,23 +180,16 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
 
     def _refuse_plain_http(self) -> None:
         """A login or token never goes over plain http to another machine unless the connection's extra
-        ``allow_insecure_http`` says so (as the ``ray`` connection decides)."""
-        from emr_ray.hooks.ray_tls import is_loopback
+        ``allow_insecure_http`` says so: the ``ray`` connection's rule (:func:`~emr_ray.hooks.ray_tls.plain_http_verdict`)."""
+        from emr_ray.hooks.ray_tls import plain_http_verdict
 
-        parts = urlsplit(self.tracking_uri)
-        if parts.scheme != "http" or is_loopback(parts.hostname):
-            return
-        if str(self.extra.get("allow_insecure_http", "")).lower() in ("1", "true", "yes"):
-            self.log.warning("Connection %r sends its MLflow login over plain http to %s (allow_insecure_http): "
-                             "anyone on the network path can read it; prefer https", self.mlflow_conn_id,
-                             _strip_userinfo(self.tracking_uri))  # fmt: skip
-            return
-        raise MLflowAuthError(
-            f"Connection {self.mlflow_conn_id!r} would send its MLflow login over plain http to "
-            f"{_strip_userinfo(self.tracking_uri)}, which is not this machine: anyone on the network path could "
-            "read it. Serve MLflow over https and set the host to https://..., or, on a network you trust, set "
-            'the connection\'s extra "allow_insecure_http": true.'
-        )
+        allowed = str(self.extra.get("allow_insecure_http", "")).lower() in ("1", "true", "yes")
+        warning = plain_http_verdict(
+            _strip_userinfo(self.tracking_uri), conn_id=self.mlflow_conn_id, secret="MLflow login",
+            allowed=allowed, error=MLflowAuthError, fix="Serve MLflow over https and set the host to https://...",
+        )  # fmt: skip
+        if warning:
+            self.log.warning(warning)
 
     def secret_uris(self) -> dict[str, str]:
         """The job's secret variable that restores a database store's password into its tracking and

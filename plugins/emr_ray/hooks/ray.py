@@ -301,6 +301,11 @@ class RayHook(BaseHook):
         )
 
     # -- jobs -------------------------------------------------------------------------------------
+    def job_runtime_env(self, runtime_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The runtime_env a job submitted through this connection gets: the connection's extra
+        ``runtime_env`` with ``runtime_env`` merged over it (:func:`merge_runtime_env`)."""
+        return merge_runtime_env(self.conn_config["runtime_env"], dict(runtime_env or {}))
+
     def submit_job(
         self,
         *,
@@ -323,9 +328,7 @@ class RayHook(BaseHook):
         body: dict[str, Any] = {
             "entrypoint": entrypoint,
             "submission_id": submission_id,
-            "runtime_env": _without_env_vars(
-                merge_runtime_env(self.conn_config["runtime_env"], runtime_env or {}), without_env_vars
-            ),
+            "runtime_env": _without_env_vars(self.job_runtime_env(runtime_env), without_env_vars),
             "metadata": metadata or {},
         }
         for key, value in (

@@ -206,29 +206,49 @@ def has_credentials(token: str | None, headers: dict[str, str]) -> bool:
 
 
 def refuse_plain_http(url: str, tls: RayTlsConfig, *, credentials: bool, auto: bool) -> str | None:
-    """Raise :class:`RayConnectionConfigError` when credentials would go over plain http to another
-    machine and the connection does not allow it; return a warning to log when it allows it, else None.
+    """:func:`plain_http_verdict` for the ``ray`` connection's token. Also allowed: no credentials, a
+    Unix socket (``uds``), and an ``auto`` address that is one of this machine's own (a head on this
+    node); ``auto`` on a worker node finds the cluster's head on another machine, which is refused
+    like any other."""
+    if not credentials or tls.uds:
+        return None
+    https = url.replace("http://", "https://", 1)
+    return plain_http_verdict(
+        url, conn_id=tls.conn_id, secret="auth token", allowed=tls.allow_insecure_http,
+        error=RayConnectionConfigError, this_machine=auto,
+        fix=f'Put the dashboard behind TLS and set the host to {https} (extra "ca_bundle" or "ca_pem" for a private CA)',
+    )  # fmt: skip
 
-    Allowed: https, no credentials, loopback hosts, a Unix socket (``uds``), and an ``auto`` address
-    that is one of this machine's own (a head on this node); ``auto`` on a worker node finds the
-    cluster's head on another machine, which is refused like any other.
-    """
+
+def plain_http_verdict(
+    url: str,
+    *,
+    conn_id: str,
+    secret: str,
+    allowed: bool,
+    fix: str,
+    error: type[Exception],
+    this_machine: bool = False,
+) -> str | None:
+    """The one rule for a connection's ``secret`` (a token, a login) and plain http, for every
+    connection that sends one (``ray``, ``mlflow``): https and loopback hosts are fine (None), and so
+    is, with ``this_machine``, an address of one of this machine's interfaces; another machine over
+    plain http raises ``error`` saying ``fix``, unless the connection's extra ``allow_insecure_http``
+    is set (``allowed``): then the warning to log. ``url`` must hold no userinfo (it is shown)."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not credentials or tls.uds or is_loopback(parts.hostname):
+    if parts.scheme != "http" or is_loopback(parts.hostname):
         return None
-    if auto and is_this_machine(parts.hostname):
+    if this_machine and is_this_machine(parts.hostname):
         return None
-    if tls.allow_insecure_http:
+    if allowed:
         return (
-            f"Connection {tls.conn_id!r} sends its auth token over plain http to {url} "
+            f"Connection {conn_id!r} sends its {secret} over plain http to {url} "
             "(allow_insecure_http is set): anyone on the network path can read it; prefer https."
         )
-    https = url.replace("http://", "https://", 1)
-    raise RayConnectionConfigError(
-        f"Connection {tls.conn_id!r} would send its auth token over plain http to {url}, which is not "
-        "this machine: anyone on the network path could read it. Put the dashboard behind TLS and set "
-        f'the host to {https} (extra "ca_bundle" or "ca_pem" for a private CA), or, on a network you '
-        'trust, set the connection\'s extra "allow_insecure_http": true.'
+    raise error(
+        f"Connection {conn_id!r} would send its {secret} over plain http to {url}, which is not this "
+        f"machine: anyone on the network path could read it. {fix}, or, on a network you trust, set the "
+        'connection\'s extra "allow_insecure_http": true.'
     )
 
 

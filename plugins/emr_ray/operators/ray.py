@@ -307,8 +307,7 @@ class RayJobOperator(BaseOperator):
     def spec_digest(self, spec: Mapping[str, Any], runtime_env: Mapping[str, Any]) -> str:
         """:func:`spec_digest` of this job: the module, the payload and the runtime_env it will get
         (the connection's merged under the task's)."""
-        merged = merge_runtime_env(self.hook.conn_config["runtime_env"], dict(runtime_env))
-        return spec_digest(self.job_module, spec, merged, code_version())
+        return spec_digest(self.job_module, spec, self.hook.job_runtime_env(runtime_env), code_version())
 
     def external_inputs(self, spec: Mapping[str, Any]) -> dict[str, str]:
         """What the job reads from outside its spec, name -> identity (JSON-able, small, no secrets):
@@ -465,7 +464,7 @@ class RayJobOperator(BaseOperator):
         they hold a secret (:func:`emr_ray.cluster.reuse.secret_looking`): they go to the job through
         the secret channel instead (the driver exports them; workers fetch them with the job's other
         secrets)."""
-        merged = merge_runtime_env(self.hook.conn_config["runtime_env"], dict(runtime_env))
+        merged = self.hook.job_runtime_env(runtime_env)
         return {name: str(value) for name, value in (merged.get("env_vars") or {}).items()
                 if name not in (SECRET_REF_ENV, FORCE_ENV) and secret_looking(name)}  # fmt: skip
 

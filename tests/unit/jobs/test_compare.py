@@ -130,8 +130,11 @@ def run_data(store: str, run_id: str):
 
 
 def test_both_models_are_scored_on_every_test_row_and_logged(
-    store: str, plan: dict, champion_model, champion_uri: str
+    store: str, plan: dict, champion_model, champion_uri: str, caplog
 ) -> None:
+    """Scored as a warm group's rank 0 scores: the champion in a process of its own, which has ended
+    when the call returns (nothing unpickled from the registry stays in the process that serves the
+    next jobs), with the same figures as the model it was logged from."""
     import torch
 
     spec = spec_for(store, "champ")
@@ -140,7 +143,12 @@ def test_both_models_are_scored_on_every_test_row_and_logged(
     challenger = build_model(spec.config)
     run_id = new_run(store)
 
-    result = compare.with_champion(spec, plan, spec.storage.options(), run_id, challenger)
+    with caplog.at_level("INFO", logger="emr_ray.cluster.jobs.clean_process"):
+        result = compare.with_champion(spec, plan, spec.storage.options(), run_id, challenger, isolated=True)
+
+    [ran] = [r.getMessage() for r in caplog.records if "which has ended" in r.getMessage()]
+    pid = int(ran.split(" in process ")[1].split(",")[0])
+    assert pid != os.getpid() and not os.path.exists(f"/proc/{pid}")
 
     table = compare.read_test_rows(plan, spec.storage.options())
     assert table.num_rows == 50

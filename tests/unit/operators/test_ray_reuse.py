@@ -42,7 +42,6 @@ class FakeJobsApi:
         self.logs: dict[str, str] = {}
         self.submitted: list[str] = []
         self.stopped: list[str] = []
-        self.conn_config = {"runtime_env": {}}
 
     def get_job(self, submission_id: str) -> dict[str, Any] | None:
         return self.jobs.get(submission_id)
@@ -58,6 +57,9 @@ class FakeJobsApi:
     def stop_job(self, submission_id: str) -> bool:
         self.stopped.append(submission_id)
         return True
+
+    def job_runtime_env(self, runtime_env: Any = None) -> dict[str, Any]:
+        return dict(runtime_env or {})
 
     def job_url(self, submission_id: str) -> str:
         return f"http://127.0.0.1:8265/#/jobs/{submission_id}"

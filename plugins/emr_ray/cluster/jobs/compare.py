@@ -7,7 +7,11 @@ or the serving model of a training module with ``serving_model``: see :func:`as_
 module's own ``evaluate(model, config, table)`` on exactly the rows the workers evaluated on: every
 file the plan lists for the ``test`` dataset.
 
-This runs in the job's driver, not on the Ray Train workers: a test split is small (the default
+The champion is scored where nothing of it outlives the job: in the job's driver, or, on a warm
+group's rank 0 (a process that serves the next jobs), in a process of its own that ends with the call
+(``isolated``: :mod:`emr_ray.cluster.jobs.clean_process`).
+
+This runs in the job's driver (or rank 0), not on the Ray Train workers: a test split is small (the default
 split keeps a fifth of a partition; 10k rows of 16 features is under 1 MB), so the driver reads it
 whole with :func:`emr_ray.cluster.jobs.shards.read` and scores it on the CPU. A test split too large
 for one process is a reason to evaluate a sample instead; this step does not.
@@ -38,9 +42,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray.cluster import storage
+from emr_ray.cluster import mlflow_auth, storage
 from emr_ray.cluster import train as emr_train
-from emr_ray.cluster.jobs import shards
+from emr_ray.cluster.jobs import clean_process, shards
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.promotion import (
     NO_CHAMPION,
@@ -66,6 +70,8 @@ def with_champion(
     options: storage.StorageOptions,
     mlflow_run_id: str,
     challenger: Any,
+    *,
+    isolated: bool = False,
 ) -> dict[str, Any] | None:
     """
     Score the champion and ``challenger`` on the plan's test rows; log and return the figures.
@@ -80,6 +86,8 @@ def with_champion(
     :param mlflow_run_id: the challenger's MLflow run, where the figures are logged.
     :param challenger: the newly trained model (``build_model`` with the best checkpoint's weights), or its
         serving model when the training module has ``serving_model`` (see :func:`as_scored`).
+    :param isolated: score the champion in a process of its own that ends with the call (in a process
+        that outlives the job: a warm group's rank 0).
     """
     section = spec.compare
     if section is None:
@@ -87,7 +95,7 @@ def with_champion(
     client = tracking.client(spec)
     base = {"model_name": section.model_name, "alias": section.alias}
     try:
-        figures = _compare(spec, section, plan, options, challenger, client)
+        figures = _compare(spec, section, plan, options, challenger, client, isolated)
     except Skipped as e:
         return _record_skip(client, mlflow_run_id, section, base, str(e))
     except Exception as e:  # a finished training is never failed by its comparison
@@ -225,30 +233,20 @@ def _compare(
     options: storage.StorageOptions,
     challenger: Any,
     client: Any,
+    isolated: bool,
 ) -> dict[str, Any]:
-    evaluate = getattr(importlib.import_module(spec.model_module), "evaluate", None)
-    if evaluate is None:
-        raise Skipped(
-            f"{spec.model_module} has no evaluate(model, config, table); add one "
-            "(see emr_ray.cluster.train.EvaluatingModule) to score both models on the same rows"
-        )
+    evaluate = _evaluate_of(spec)
     version = champion_version(client, section)
     if version is None:
         log.info("%s@%s does not exist yet: nothing to compare with.", section.model_name, section.alias)
         return {"champion_version": None, "rows": None, "champion": {}, "challenger": {}}
     started = time.monotonic()
     table = read_test_rows(plan, options)
-    try:
-        champion = load_version(spec, client, section.model_name, version)
-    except Exception as e:
-        raise Skipped(f"{section.model_name} v{version} could not be loaded: {type(e).__name__}: {e}") from e
-    try:
-        champion_figures = _numbers(evaluate(champion, spec.config, table))
-    except Exception as e:
-        raise Skipped(
-            f"{section.model_name} v{version} could not be scored on these rows ({type(e).__name__}: {e}); "
-            "was it trained on other columns?"
-        ) from e
+    kwargs: dict[str, Any] = {"spec": spec, "version": version, "plan": plan, "options": options}
+    if isolated:
+        champion_figures = clean_process.call(f"{__name__}:score_champion", kwargs, mlflow_auth.credentials())
+    else:
+        champion_figures = score_champion(**kwargs)
     challenger_figures = _numbers(evaluate(challenger, spec.config, table))
     print(
         f"[emr_ray] compared on the same {table.num_rows} test rows in {time.monotonic() - started:.1f}s: "
@@ -261,6 +259,37 @@ def _compare(
         "champion": champion_figures,
         "challenger": challenger_figures,
     }
+
+
+def score_champion(
+    spec: TrainJobSpec, version: str, plan: dict[str, Any], options: storage.StorageOptions
+) -> dict[str, float]:
+    """Version ``version`` of the compared model scored by ``evaluate`` on the plan's test rows (in
+    the caller's process, or in a clean one: :func:`with_champion`'s ``isolated``)."""
+    assert spec.compare is not None
+    name, evaluate = spec.compare.model_name, _evaluate_of(spec)
+    table = read_test_rows(plan, options)
+    try:
+        champion = load_version(spec, tracking.client(spec), name, version)
+    except Exception as e:
+        raise Skipped(f"{name} v{version} could not be loaded: {type(e).__name__}: {e}") from e
+    try:
+        return _numbers(evaluate(champion, spec.config, table))
+    except Exception as e:
+        raise Skipped(
+            f"{name} v{version} could not be scored on these rows ({type(e).__name__}: {e}); "
+            "was it trained on other columns?"
+        ) from e
+
+
+def _evaluate_of(spec: TrainJobSpec) -> Callable[..., Any]:
+    evaluate = getattr(importlib.import_module(spec.model_module), "evaluate", None)
+    if evaluate is None:
+        raise Skipped(
+            f"{spec.model_module} has no evaluate(model, config, table); add one "
+            "(see emr_ray.cluster.train.EvaluatingModule) to score both models on the same rows"
+        )
+    return evaluate
 
 
 def _record(client: Any, mlflow_run_id: str, section: CompareSection, figures: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ driver. With a warm worker group it is the group's rank 0, still within the job'
 ``torch._dynamo`` for ``torch.export`` and checks the pinned requirements against every installed
 distribution, 2-3 s that a job's fresh driver pays every time and a warm rank 0 pays once
 (``bench/results/SUMMARY.md``). The MLflow credentials reach rank 0 with the call and are removed
-after it; the checkpoint is read from the run's folder with the call's storage options.
+after it; the checkpoint is read from the run's folder with the call's storage options; the champion,
+a model from the registry, is scored in a process that ends with the call
+(:mod:`emr_ray.cluster.jobs.clean_process`).
 
 Runs on the cluster: never imports Airflow.
 """
@@ -30,9 +32,12 @@ def log_and_compare(
     options: storage.StorageOptions,
     mlflow_run_id: str,
     checkpoint: Any,
+    *,
+    isolated: bool = False,
 ) -> dict[str, Any] | None:
-    """Log ``checkpoint``'s model and the loss curve, then compare with the champion; returns the
-    comparison (None when the spec asks for none)."""
+    """Log ``checkpoint``'s model and the loss curve, then compare with the champion (``isolated``: in
+    a process of its own, :func:`emr_ray.cluster.jobs.compare.with_champion`); returns the comparison
+    (None when the spec asks for none)."""
     example_set = plan["datasets"]["test" if "test" in plan["datasets"] else "train"]
     model = tracking.log_model(
         spec,
@@ -43,7 +48,7 @@ def log_and_compare(
     )
     tracking.log_loss_curve(tracking.client(spec), mlflow_run_id, spec.run_name)
     # the champion and this model on the same test rows, before the run is FINISHED (jobs/compare.py)
-    return comparing.with_champion(spec, plan, options, mlflow_run_id, model)
+    return comparing.with_champion(spec, plan, options, mlflow_run_id, model, isolated=isolated)
 
 
 def log_and_compare_stored(
@@ -54,9 +59,11 @@ def log_and_compare_stored(
     checkpoint_path: str,
 ) -> dict[str, Any] | None:
     """:func:`log_and_compare` for a checkpoint kept in the run's folder (a warm group's: the call
-    passes its path, and rank 0 reads it with the call's storage options)."""
+    passes its path, and rank 0 reads it with the call's storage options). Rank 0 serves the next
+    jobs: the champion is scored in a process that ends with the call."""
     fsys, _ = storage.resolve(storage.join(spec.storage_path, spec.run_name), options)
-    return log_and_compare(spec, plan, options, mlflow_run_id, StoredCheckpoint(fsys, checkpoint_path))
+    checkpoint = StoredCheckpoint(fsys, checkpoint_path)
+    return log_and_compare(spec, plan, options, mlflow_run_id, checkpoint, isolated=True)
 
 
 def input_example(entry: dict[str, Any], config: dict[str, Any], options: storage.StorageOptions):

@@ -164,14 +164,22 @@ class TrainWorker:
 
         The job's fresh driver would import MLflow and open its store for these (2-3 s a job); this
         process did once. Only the lease holder passes a login this way (its loop is the only job's
-        code running here meanwhile); after its lease, a job passes its login inside ``kwargs`` to a
-        function that hands it to the request alone (``train_mlflow.log_usage_as``).
+        code running here meanwhile); after its lease, a job uses :meth:`after_lease`.
         """
         from emr_ray.cluster.mlflow_auth import scoped_environ
         from emr_ray.cluster.spec import import_by_path
 
         with self._login, scoped_environ(env):
             return import_by_path(fn)(**kwargs)
+
+    def after_lease(self, fn: str, kwargs: dict[str, Any]) -> Any:
+        """Run ``fn`` for a job whose lease has ended (its usage on its MLflow run), beside the next
+        job's calls: in a concurrency group of its own (``after_lease``), so a slow MLflow never
+        queues the next job's steps behind it, and without touching the environment: ``kwargs``
+        carries the login, which ``fn`` hands to its request alone (``train_mlflow.log_usage_as``)."""
+        from emr_ray.cluster.spec import import_by_path
+
+        return import_by_path(fn)(**kwargs)
 
     def alive(self) -> bool:
         """Answers while the process lives: a group is leased only when every worker answers."""
@@ -180,6 +188,15 @@ class TrainWorker:
     def reports_since(self, call: str, seen: int) -> list[dict[str, Any]]:
         """This call's reports after the first ``seen`` (none while an earlier call's are still held)."""
         return self.reports[seen:] if call == self.call else []
+
+
+def remote_worker() -> Any:
+    """:class:`TrainWorker` as a Ray actor class. Its calls run in three lanes: the loop; ``control``
+    (one at a time: the lease holder's MLflow steps, liveness, reports); ``after_lease`` (a finished
+    job's usage), so a slow MLflow after one job's lease never queues the next job's steps."""
+    import ray
+
+    return ray.remote(max_restarts=0, concurrency_groups={"control": 1, "after_lease": 2})(TrainWorker)  # type: ignore[call-overload]
 
 
 class WarmTrainGroup(warm_actor.WarmActor):
@@ -209,7 +226,7 @@ class WarmTrainGroup(warm_actor.WarmActor):
             # a pool that was busy when this group was asked for may be idle now: it gives way
             warm.release_idle(self.scaling.cpus, keep=self.name)
         extra = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
-        worker_class = ray.remote(max_restarts=0, concurrency_groups={"control": 1})(TrainWorker)  # type: ignore[call-overload]
+        worker_class = remote_worker()
         self.workers = [
             worker_class.options(
                 num_cpus=resources.get("CPU", 0.0), num_gpus=resources.get("GPU", 0), resources=extra or None,

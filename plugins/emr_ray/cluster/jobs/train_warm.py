@@ -159,8 +159,8 @@ class WarmTrainer:
 
         if self.rank0 is None:
             return
-        ray.get(self.rank0.mlflow_step.options(concurrency_group="control").remote(
-            USAGE, {"spec": spec, "result": result, "credentials": self.login}, {}
+        ray.get(self.rank0.after_lease.options(concurrency_group="after_lease").remote(
+            USAGE, {"spec": spec, "result": result, "credentials": self.login}
         ), timeout=USAGE_TIMEOUT_S)  # fmt: skip
 
     def _resume_path(self) -> str | None:
