@@ -296,7 +296,8 @@ def fit_shared(*args, before, on_report, after, resume_path, **kwargs):
     for epoch in range(2):
         write_checkpoint(pafs.LocalFileSystem(), f"{tmp}/ckpt/r", tmp, epoch, 0.5 - epoch / 10)
         on_report({"metrics": {"epoch": epoch, "test_loss": 0.5 - epoch / 10}, "checkpoint": "stored"})
-    return {"name": "g", "calls": 2, "reused": True, "start_seconds": 1.0, "cpus": 2.0, "gpus": 0.0,
+    return {"name": "g", "calls": 2, "reused": True, "why": None, "start_seconds": 1.0, "idle_seconds": 3.0,
+            "age_seconds": 60.0, "described": "Warm worker group g: call 2 (warm)", "cpus": 2.0, "gpus": 0.0,
             "call_started_at": 0.0, "call_ended_at": 1.0, "log": [], "after": after(rank0), "rank0": None}
 
 train_group.fit_shared = fit_shared

@@ -147,6 +147,20 @@ def test_report_without_a_ray_connection_has_wall_time_phases_and_the_drivers_me
     assert usage["memory"]["driver_peak_rss_mb"] > 10  # this pytest process
 
 
+def test_a_warm_pools_idle_time_before_a_call_is_counted_apart_from_what_the_job_held():
+    """A pool's CPUs held idle between two jobs are counted by the job that ends the idle stretch:
+    in its own figure (``pool_idle``), in the one-line summary and in the MLflow metrics."""
+    recorder = _usage.start()
+    _usage.borrow("actor", "SharedTrainWorkers", {"CPU": 2.0, "GPU": 1.0}, 1000.0, 1010.0, idle_before=30.0)
+    usage = _usage.report(recorder)
+    assert usage["pool_idle"] == {"seconds": 30.0, "cpu_seconds": 60.0, "gpu_seconds": 30.0}
+    assert usage["cpu_seconds_reserved"] == 20.0  # the call itself, as before
+    assert "warm pools idle before its calls 30 s (60.0 CPU-s, 30.0 GPU-s)" in _usage.summary(usage)
+    assert _usage.mlflow_metrics(usage)["usage.pool_idle_cpu_seconds"] == 60.0
+    _usage.start()
+    assert "pool_idle" not in _usage.report()
+
+
 def test_report_never_raises_and_says_what_failed():
     class BrokenClock(Clock):
         calls = 0

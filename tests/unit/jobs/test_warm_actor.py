@@ -153,6 +153,49 @@ def test_a_leased_pool_never_idles_out_and_the_idle_time_counts_from_the_end_of_
     assert pool.expire() == "idle for 60s"
 
 
+def test_a_pool_past_its_maximum_age_is_recycled_after_its_call_or_at_the_next_lease():
+    """A backfill never lets a pool idle out: past its maximum age it is recycled all the same, after
+    the call that holds it, or at the next lease (which then starts a fresh one under the same name)."""
+    busy = Pool()
+    busy.max_age_s = 3600
+    lease = busy.acquire(0.0)["lease"]
+    busy.clock.advance(3601)
+    assert busy.heartbeat(lease) and busy.expire() is None  # never in the middle of a call
+    busy.finish(lease, ok=True)
+    assert busy.retired and busy.events == ["stop", "exit"]
+    idle = Pool()
+    idle.max_age_s = 3600
+    idle.clock.advance(3601)
+    with pytest.raises(warm.PoolRetired, match="stopping \\(it reached its maximum age, 3600s\\)"):
+        idle.acquire(0.0)
+    assert idle.events == ["stop", "exit"]
+
+
+def test_a_lease_says_how_long_the_pool_sat_idle_before_it_and_how_old_it_is():
+    pool = Pool(start_s=5.0)
+    first = pool.acquire(0.0)
+    assert first["idle_seconds"] == 0.0 and first["age_seconds"] == 5.0
+    pool.clock.advance(30)
+    pool.finish(first["lease"], ok=True)
+    pool.clock.advance(120)  # idle between two jobs: counted by the job that ends it
+    second = pool.acquire(0.0)
+    assert second["idle_seconds"] == 120.0 and second["age_seconds"] == 155.0
+
+
+def test_a_job_says_why_it_did_not_reuse_a_pool():
+    why = warm_actor.why_started
+    assert "no test pool was running (the first job" in why("test pool", [], [], [])
+    assert "1 of another configuration (other settings, runtime_env or code)" in why(
+        "test pool", [], ["x-0"], []
+    )
+    assert (
+        why("test pool", ["k-0", "k-1"], [], []) == "every test pool of this configuration was busy (2 live)"
+    )
+    assert why(
+        "test pool", ["k-0"], [], ["Test pool k-0 is stopping (it reached its maximum age, 3600s)"]
+    ) == ("Test pool k-0 is stopping (it reached its maximum age, 3600s)")
+
+
 def test_a_lease_its_job_stopped_beating_retires_the_pool_so_an_abandoned_call_never_runs_on():
     pool = Pool()
     lease = pool.acquire(0.0, tag="run-a")["lease"]
@@ -235,6 +278,7 @@ def replicas(monkeypatch):
     live: dict[str, Pool] = {}
     monkeypatch.setattr(ray, "get", lambda value, **_: value)
     monkeypatch.setattr(warm, "replicas", lambda namespace, key: sorted(live))
+    monkeypatch.setattr(warm, "pools", lambda namespace: sorted(live))
     monkeypatch.setattr(warm, "_room_for", lambda cpus, key: True)
     monkeypatch.setattr(
         warm_actor, "start", lambda payload, name, args, env: Handle(live.setdefault(name, Pool(name)))
@@ -251,8 +295,12 @@ def test_a_job_holds_a_free_replicas_lease_for_its_block_and_its_own_errors_leav
         raise ValueError("the job's own error")
     pool = replicas[f"{KEY}-0"]
     assert got.calls == 1 and got.info["calls"] == 0 and pool.serving() is None and not pool.retired
+    assert not got.reused and got.why and got.why.startswith("no test pool was running")
     with warm_actor.lease(Pool, KEY, 2.0, (), {}) as again:
         assert again.name == got.name and again.info["calls"] == 1
+    assert again.reused and again.why is None
+    assert again.figures()["reused"] and set(again.figures()) == set(warm_actor.JOB_FIGURES)
+    assert "(warm; idle 0s before it" in again.describe("Test pool")
 
 
 def test_a_failure_in_a_risky_part_retires_the_pool_when_the_lease_ends(replicas):

@@ -17,6 +17,9 @@
 - ``phases``: seconds per named step of the job (:func:`phase`, :func:`lap`); ``startup`` is the
   driver process's start to :func:`start` (interpreter and imports).
 - ``held``: per actor class or task name, how many, their seconds and CPU-seconds.
+- ``pool_idle``: the seconds, CPU- and GPU-seconds the warm pools this job used sat idle before its
+  calls (a pool's cost between jobs is counted by the job that ends the idle stretch, never hidden);
+  not part of the reserved figures, which are what the job itself held.
 - ``missing``: what could not be measured, and why; ``measuring_seconds``: what measuring took (after
   ``ended_at``). Measuring never fails a job.
 """
@@ -79,6 +82,7 @@ _current = Recorder()
 
 
 _borrowed: list[Held] = []
+_idle: list[Held] = []
 
 
 def start() -> Recorder:
@@ -86,6 +90,7 @@ def start() -> Recorder:
     global _current
     _current = Recorder()
     _borrowed.clear()
+    _idle.clear()
     return _current
 
 
@@ -99,10 +104,15 @@ def lap(name: str, **inside: float) -> None:
     _current.lap(name, **inside)
 
 
-def borrow(kind: str, name: str, resources: Mapping[str, float], start: float, end: float) -> None:
+def borrow(
+    kind: str, name: str, resources: Mapping[str, float], start: float, end: float, idle_before: float = 0.0
+) -> None:
     """Resources this job used that belong to no actor or task of its own: a shared Spark session's
-    executors for the seconds of this job's call (epoch seconds)."""
+    executors for the seconds of this job's call (epoch seconds); ``idle_before``: the seconds the
+    pool sat idle, holding them, before this call (``pool_idle``)."""
     _borrowed.append(Held(kind, name, dict(resources), start, end))
+    if idle_before > 0:
+        _idle.append(Held("idle", name, dict(resources), start - idle_before, start))
 
 
 # -- reservations (pure) ----------------------------------------------------------------------------
@@ -182,6 +192,9 @@ def summary(usage: Mapping[str, Any]) -> str:
     phases = usage.get("phases") or {}
     if phases:
         parts.append("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
+    if idle := usage.get("pool_idle"):
+        parts.append(f"warm pools idle before its calls {idle['seconds']:.0f} s ({idle['cpu_seconds']:.1f} CPU-s, "
+                     f"{idle['gpu_seconds']:.1f} GPU-s)")  # fmt: skip
     if usage.get("missing"):
         parts.append("not measured: " + "; ".join(usage["missing"]))
     return ", ".join(parts)
@@ -202,6 +215,8 @@ def mlflow_metrics(usage: Mapping[str, Any]) -> dict[str, float]:
             out[f"usage.{key}"] = float(value)
     for name, seconds in (usage.get("phases") or {}).items():
         out[f"usage.phase.{name}_seconds"] = float(seconds)
+    for key, value in (usage.get("pool_idle") or {}).items():
+        out[f"usage.pool_idle_{key}"] = float(value)
     return out
 
 
@@ -233,6 +248,12 @@ def report(recorder: Recorder | None = None) -> dict[str, Any]:
             "phases": {k: round(v, 2) for k, v in phases.items()},
             "missing": missing,
         }
+        if _idle:
+            usage["pool_idle"] = {
+                "seconds": round(sum(h.seconds(ended_at) for h in _idle), 2),
+                "cpu_seconds": round(resource_seconds(_idle, "CPU", ended_at), 2),
+                "gpu_seconds": round(resource_seconds(_idle, "GPU", ended_at), 2),
+            }
         usage["measuring_seconds"] = round(time.time() - ended_at, 2)  # after ended_at: in the job's exit
         return usage
     except Exception as e:  # accounting must never fail the job

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from emr_ray.cluster import storage
-from emr_ray.cluster.jobs import _usage, spark_session, warm
+from emr_ray.cluster.jobs import _usage, spark_session, warm, warm_actor
 from emr_ray.cluster.jobs._runtime import main
 from emr_ray.cluster.jobs.spark_steps import (  # noqa: F401 - JAVA_OPTIONS, spark_configs: this module's names too
     JAVA_OPTIONS,
@@ -83,9 +83,9 @@ def _run_shared(
     # (reaching the session, and starting it when there was none) as ``spark_session``
     _usage.lap("spark_session", **out["phases"])
     _usage.borrow("actor", "SharedSparkExecutors", {"CPU": session["cpus"]}, session["call_started_at"],
-                  session["call_ended_at"])  # fmt: skip
+                  session["call_ended_at"], idle_before=session["idle_seconds"])  # fmt: skip
     result = dict(out["result"])
-    result["spark_session"] = {k: session[k] for k in ("name", "calls", "reused", "start_seconds")}
+    result["spark_session"] = {k: session[k] for k in warm_actor.JOB_FIGURES}
     return result
 
 

@@ -171,10 +171,8 @@ def run_shared(
                     "Shared Spark session %s is gone (%s); preprocessing in a fresh one", session.name, e
                 )
         warm.wait_gone(session.name, NAMESPACE)
-    figures = {"name": session.name, "calls": session.calls, "reused": session.info["calls"] > 0,
-               "start_seconds": session.info["start_seconds"], "cpus": session.info["cpus"]}  # fmt: skip
-    log.info("Shared Spark session %s: call %d (%s)", session.name, session.calls,
-             "warm" if figures["reused"] else f"started in {session.info['start_seconds']:.1f}s")  # fmt: skip
+    figures = session.figures() | {"cpus": session.info["cpus"]}
+    log.info("%s", session.describe("Shared Spark session"))
     return {"result": out["result"], "log": out["log"], "phases": out["phases"],
             "session": figures | {k: out[k] for k in ("call_started_at", "call_ended_at")}}  # fmt: skip
 

@@ -371,10 +371,9 @@ def fit_shared(
             call.loop(train_loop, config, options, run_uri, resume_path(), on_report)
         finished = after(call.after_fit) if after is not None else None
     info = group.info
-    return {
-        "name": group.name, "calls": group.calls, "reused": info["calls"] > 0, "start_seconds": info["start_seconds"],
+    return group.figures() | {
         "cpus": info["cpus"], "gpus": info["gpus"], "call_started_at": group.began, "call_ended_at": time.time(),
-        "log": call.log, "after": finished, "rank0": call.rank0,
+        "log": call.log, "after": finished, "rank0": call.rank0, "described": group.describe("Warm worker group"),
     }  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emr_ray.cluster import mlflow_auth, storage
-from emr_ray.cluster.jobs import _usage, shards, train_group
+from emr_ray.cluster.jobs import _usage, shards, train_group, warm_actor
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
 from emr_ray.cluster.spec import TrainJobSpec
@@ -103,9 +103,8 @@ class WarmTrainer:
         for line in group.pop("log"):  # the loop's own log lines, in this job's log
             print(line, flush=True)
         _usage.borrow("actor", "SharedTrainWorkers", {"CPU": group["cpus"], "GPU": group["gpus"]},
-                      group["call_started_at"], group["call_ended_at"])  # fmt: skip
-        log.info("Warm worker group %s: call %d (%s)", group["name"], group["calls"],
-                 "warm" if group["reused"] else f"started in {group['start_seconds']:.1f}s")  # fmt: skip
+                      group["call_started_at"], group["call_ended_at"], idle_before=group["idle_seconds"])  # fmt: skip
+        log.info("%s", group["described"])
         self.rank0 = group["rank0"]
         done = group["after"]  # the run's checkpoints after the loop, read once (_finish)
         latest = done["latest"]
@@ -113,7 +112,7 @@ class WarmTrainer:
             metrics=self.last or (latest[1] if latest else {}),
             checkpoint=latest[0] if latest else None,
             best_checkpoints=done["kept"],
-            group={k: group[k] for k in ("name", "calls", "reused", "start_seconds")},
+            group={k: group[k] for k in warm_actor.JOB_FIGURES},
             finished=done["finished"],
         )
 

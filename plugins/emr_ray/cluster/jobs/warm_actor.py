@@ -14,6 +14,12 @@ what is its own: :meth:`WarmActor.start`, its calls, :meth:`WarmActor.stop`.
 - *Retire*: a call that may have left the payload broken retires the pool when its lease ends
   (:meth:`Replica.retire`, :meth:`Replica.at_risk`); a retired pool refuses every call and stops.
 - *Idle timeout*: a pool unleased for its idle timeout stops (:func:`emr_ray.cluster.jobs.warm.idle_timeout`).
+- *Maximum age*: a pool older than ``MAX_AGE_S`` is recycled when its lease ends, or at the next
+  lease when idle: a backfill never lets a pool idle out, and its processes (their memory, what a
+  library cached in them) start afresh at least that often.
+- *Accounted*: a lease reports how long the pool sat idle before it (``idle_seconds``): the job that
+  ends an idle stretch counts its CPU/GPU-seconds (:func:`emr_ray.cluster.jobs._usage.borrow`), and
+  says whether it reused a pool and, if not, why (:attr:`Replica.why`).
 - *Give way*: :meth:`WarmActor.release_if_idle` stops an unleased pool for a job that needs its CPUs
   (:func:`emr_ray.cluster.jobs.warm.release_idle`).
 
@@ -40,6 +46,10 @@ log = logging.getLogger("emr_ray.cluster.jobs.warm")
 LEASE_TIMEOUT_S = 30.0
 #: how often a job beats its lease
 BEAT_S = 1.0
+#: a pool older than this is recycled (see the module's docstring)
+MAX_AGE_S = 12 * 3600.0
+#: what a job's result says of the pool it used (:meth:`Replica.figures`)
+JOB_FIGURES = ("name", "calls", "reused", "why", "start_seconds", "idle_seconds", "age_seconds")
 
 
 class WarmActor:
@@ -56,8 +66,8 @@ class WarmActor:
     LAPSE_RETIRES: ClassVar[bool] = True
 
     def __init__(self, name: str, idle_timeout_s: float, *, clock: Callable[[], float] = time.monotonic,
-                 watch: bool = True) -> None:  # fmt: skip
-        self.name, self.clock = name, clock
+                 watch: bool = True, max_age_s: float = MAX_AGE_S) -> None:  # fmt: skip
+        self.name, self.clock, self.max_age_s = name, clock, max_age_s
         self.idle_timeout_s = warm.idle_timeout(name, idle_timeout_s)
         self.lease: str | None = None
         self.tag: Any = None  # what the lease holder's call is on (a training's run)
@@ -65,7 +75,7 @@ class WarmActor:
         self.in_call = 0  # the holder's calls running in this actor: its lease does not lapse meanwhile
         self.retired = False
         self._cond = threading.Condition()  # guards the above; a waiting acquire is woken when a lease ends
-        started = clock()
+        self.born = started = clock()
         self.start()
         self.start_seconds = round(clock() - started, 2)
         self.beat = self.last_used = clock()
@@ -97,13 +107,20 @@ class WarmActor:
         with self._cond:
             warm.wait_while(self._cond, lambda: self.lease is not None and not self.retired,
                             min(wait_s, self.start_seconds), clock=self.clock)  # fmt: skip
+            if not self.retired and self.lease is None and self._too_old():
+                self.retired = True  # recycled: the job starts a fresh one under the same name
+                self._cond.notify_all()
+                self._stop_soon()
             if self.retired:
-                raise warm.PoolRetired(f"{self.WHAT} {self.name} is stopping")
+                raise warm.PoolRetired(f"{self.WHAT} {self.name} is stopping{self._why_stopping()}")
             if self.lease is not None:
                 return None
-            self.lease, self.tag, self.beat = uuid.uuid4().hex, tag, self.clock()
+            now = self.clock()
+            self.lease, self.tag, self.beat = uuid.uuid4().hex, tag, now
             lease = self.lease
-            taken = {"lease": lease, "calls": self.calls, "start_seconds": self.start_seconds}
+            taken = {"lease": lease, "calls": self.calls, "start_seconds": self.start_seconds,
+                     "idle_seconds": round(max(now - self.last_used, 0.0), 2),
+                     "age_seconds": round(now - self.born, 2)}  # fmt: skip
         if reason := self.broken():  # checked outside the lock: the lease keeps others out meanwhile
             # the holder retires it (``finish(ok=False)``): stopping here could end the actor before
             # this answer reaches the job, which would then see a dead pool, not a broken one
@@ -122,7 +139,7 @@ class WarmActor:
         Returns the calls served."""
         with self._cond:
             if lease == self.lease:
-                self._end_lease(retire=not ok)
+                self._end_lease(retire=not ok or self._too_old())
             self._cond.notify_all()
             stop = self.retired
         if stop:
@@ -178,6 +195,8 @@ class WarmActor:
                     return None
             elif now - self.last_used > self.idle_timeout_s:
                 reason = f"idle for {self.idle_timeout_s:.0f}s"
+            elif self._too_old():
+                reason = f"reached its maximum age ({self.max_age_s:.0f}s)"
             else:
                 return None
             self.retired = True
@@ -185,6 +204,12 @@ class WarmActor:
         log.info("%s %s: %s, stopping", self.WHAT, self.name, reason)
         self._stop()
         return reason
+
+    def _too_old(self) -> bool:  # with self._cond held
+        return self.clock() - self.born > self.max_age_s
+
+    def _why_stopping(self) -> str:  # with self._cond held
+        return f" (it reached its maximum age, {self.max_age_s:.0f}s)" if self._too_old() else ""
 
     def _end_lease(self, *, retire: bool) -> None:  # with self._cond held
         self.lease, self.tag = None, None
@@ -238,6 +263,8 @@ class Replica:
     name: str
     actor: Any
     info: dict[str, Any]
+    #: why this job did not reuse a warm pool (None: it did)
+    why: str | None = None
     sound: bool = True
     #: the calls the replica has served, this one included (set when the lease ends)
     calls: int = 0
@@ -246,6 +273,25 @@ class Replica:
     @property
     def token(self) -> str:
         return self.info["lease"]
+
+    @property
+    def reused(self) -> bool:
+        return self.info["calls"] > 0
+
+    def figures(self) -> dict[str, Any]:
+        """What the job's result says of its pool (its XCom): which one, whether it was reused and if
+        not why, its start-up, age and the idle seconds before this call."""
+        info = self.info
+        return {"name": self.name, "calls": self.calls, "reused": self.reused, "why": self.why,
+                "start_seconds": info["start_seconds"], "idle_seconds": info.get("idle_seconds", 0.0),
+                "age_seconds": info.get("age_seconds", 0.0)}  # fmt: skip
+
+    def describe(self, what: str) -> str:
+        """The job's log line for its pool: warm, or started and why."""
+        if self.reused:
+            return (f"{what} {self.name}: call {self.calls} (warm; idle {self.info.get('idle_seconds', 0.0):.0f}s "
+                    f"before it, {self.info.get('age_seconds', 0.0) / 3600:.1f} h old)")  # fmt: skip
+        return f"{what} {self.name}: call {self.calls} (started in {self.info['start_seconds']:.1f}s: {self.why})"
 
     def retire(self) -> None:
         """The call may have left the payload broken: the pool retires when the lease ends."""
@@ -306,6 +352,9 @@ def lease(
     import ray
 
     gone: list[str] = []
+    passed_over: list[str] = []  # why live replicas did not serve this job
+    live_before = warm.replicas(payload.NAMESPACE, key)
+    others = [name for name in warm.pools(payload.NAMESPACE) if not name.startswith(key + "-")]
 
     def attempt(name: str, wait_s: float) -> Replica | None:
         actor = start(payload, name, args, runtime_env)
@@ -314,6 +363,7 @@ def lease(
         except ray.exceptions.RayTaskError as e:
             if not isinstance(e.cause, warm.PoolRetired):
                 raise
+            passed_over.append(str(e.cause))
             warm.wait_gone(name, payload.NAMESPACE)
             return None
         except ray.exceptions.RayActorError as e:  # died meanwhile (released, killed), or could not start
@@ -321,10 +371,12 @@ def lease(
             if len(gone) > 2:
                 raise
             log.warning("%s %s is gone (%s); using a fresh one", payload.WHAT, name, e)
+            passed_over.append(f"{payload.WHAT} {name} was gone")
             warm.wait_gone(name, payload.NAMESPACE)
             return None
         if taken is not None and "broken" in taken:  # e.g. a worker died while idle
             log.warning("%s; retiring it", taken["broken"])
+            passed_over.append(taken["broken"])
             with contextlib.suppress(ray.exceptions.RayActorError):  # it may stop before it answers
                 ray.get(actor.finish.options(concurrency_group="control").remote(taken["lease"], False))
             warm.wait_gone(name, payload.NAMESPACE)
@@ -334,6 +386,8 @@ def lease(
     replica = warm.serve(
         payload.NAMESPACE, key, cpus, attempt, what=payload.WHAT.lower(), one_per_job=one_per_job
     )
+    if not replica.reused:
+        replica.why = why_started(payload.WHAT.lower(), live_before, others, passed_over)
     beat = _Heartbeat(replica.actor, replica.token)
     beat.start()
     try:
@@ -347,3 +401,15 @@ def lease(
         except Exception as e:  # the pool is gone already (killed): nothing left to end
             log.warning("%s %s: could not end the lease (%s)", payload.WHAT, replica.name, e)
             replica.calls = replica.info["calls"] + 1
+
+
+def why_started(what: str, live_before: list[str], others: list[str], passed_over: list[str]) -> str:
+    """Why a job started a pool instead of reusing one, from what it found: said in its log and XCom."""
+    if passed_over:
+        return "; ".join(passed_over)
+    if live_before:
+        return f"every {what} of this configuration was busy ({len(live_before)} live)"
+    if others:
+        return (f"no {what} of this configuration was running; {len(others)} of another configuration "
+                "(other settings, runtime_env or code) did not fit")  # fmt: skip
+    return f"no {what} was running (the first job of this configuration, or the last one stopped when idle)"
