@@ -153,6 +153,8 @@ class SparkJobSpec(SpecPart):
     retain_generations_s: float = 7 * 86400
     identity: dict[str, str] = field(default_factory=dict)
     storage: StorageSection = field(default_factory=StorageSection)
+    #: whose warm pools the job may use: a digest of its connections (pools are single-tenant)
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         storage.validate_partition(self.partition)
@@ -290,6 +292,8 @@ class TrainJobSpec(SpecPart):
     failure: FailureSpec = field(default_factory=FailureSpec)
     identity: dict[str, str] = field(default_factory=dict)
     storage: StorageSection = field(default_factory=StorageSection)
+    #: whose warm pools the job may use: a digest of its connections (pools are single-tenant)
+    tenant: str = ""
     compare: CompareSection | None = None
     #: ``job``: Ray Train builds a worker group for this fit; ``shared``: a warm group that outlives the
     #: job runs the loop (:mod:`emr_ray.cluster.jobs.train_group`), stopped after ``worker_group_idle_timeout_s``

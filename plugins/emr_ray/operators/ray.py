@@ -205,6 +205,16 @@ class RayJobOperator(BaseOperator):
         sends ``spec`` as given, for a job module of your own. Never put secrets here."""
         return dict(self.spec)
 
+    def tenant(self) -> str:
+        """Whose warm pools this job may use: a digest of the connections it reaches the cluster, reads,
+        writes and logs with. Warm pools are single-tenant by connection: a job never runs in the
+        processes of a pool that served another connection's jobs (:mod:`emr_ray.cluster.jobs.warm`)."""
+        import hashlib
+
+        connections = {"ray": self.ray_conn_id, "cos": self.cos_conn_id, "hdfs": self.hdfs_conn_id,
+                       "mlflow": getattr(self, "mlflow_conn_id", None)}  # fmt: skip
+        return hashlib.sha256(json.dumps(connections, sort_keys=True).encode()).hexdigest()[:16]
+
     def job_payload(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
         """The spec as JSON data, with the task's identity and the storage settings its URIs need."""
         built = self.build_spec(context, identity)

@@ -138,6 +138,7 @@ class RayDPSparkOperator(RayJobOperator):
                 session=str(self.spark_session),
                 idle_timeout_s=int(self.spark_idle_timeout),
             ),
+            tenant=self.tenant(),
         )
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

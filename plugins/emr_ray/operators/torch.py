@@ -144,6 +144,7 @@ class TorchTrainOperator(MLflowJobOperator):
             compare=self._compare_section(),
             worker_group=str(self.worker_group),
             worker_group_idle_timeout_s=int(self.worker_group_idle_timeout),
+            tenant=self.tenant(),
         )
 
     def _compare_section(self) -> CompareSection | None:

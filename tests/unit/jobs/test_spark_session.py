@@ -55,6 +55,24 @@ def test_any_difference_in_what_shapes_the_session_gets_another_one(settings, co
     assert session_key(settings, configs, session_runtime_env(runtime_env)) != base
 
 
+def test_pools_are_single_tenant_by_connection():
+    """Two DAGs with the same settings but other connections (another COS account, another MLflow)
+    never share a warm pool's processes: the operators' tenant digest is part of every pool's key."""
+    from emr_ray.cluster.jobs.train_group import group_key
+    from emr_ray.operators.raydp import RayDPSparkOperator
+
+    def tenant(**conns: str) -> str:
+        return RayDPSparkOperator(task_id="p", preprocess="m:f", input_uri="file:///i", output_uri="file:///o",
+                                  partition="2026-01-01", **conns).tenant()  # fmt: skip
+
+    assert tenant() == tenant() and tenant() != tenant(cos_conn_id="cos_team_b")
+    env = session_runtime_env(JOB_ENV)
+    assert session_key(SETTINGS, CONFIGS, env, "c", tenant()) != session_key(
+        SETTINGS, CONFIGS, env, "c", tenant(cos_conn_id="cos_team_b")
+    )
+    assert group_key({"num_workers": 2}, env, "c", "a") != group_key({"num_workers": 2}, env, "c", "b")
+
+
 def test_code_fixed_in_place_on_the_cluster_gets_another_session(tmp_path, monkeypatch):
     """Issue 32, item 1: with code installed on the cluster, the key held settings and runtime_env
     only, so a module fixed in place kept running its old version in a busy session."""

@@ -57,15 +57,17 @@ session_runtime_env = warm.pool_runtime_env
 
 
 def session_key(
-    settings: Mapping[str, Any], configs: Mapping[str, str], runtime_env: Mapping[str, Any], code: str = ""
-) -> str:
-    """The name of the session for this configuration and code (:func:`warm.code_identity`): equal
-    inputs, equal name; any difference, another."""
+    settings: Mapping[str, Any], configs: Mapping[str, str], runtime_env: Mapping[str, Any], code: str = "",
+    tenant: str = "",
+) -> str:  # fmt: skip
+    """The name of the session for this configuration, code (:func:`warm.code_identity`) and tenant
+    (the job's connections): equal inputs, equal name; any difference, another."""
     payload = {
         "spark": {k: v for k, v in settings.items() if k != "app_name"},
         "configs": dict(configs),
         "runtime_env": dict(runtime_env),
         "code": code,
+        "tenant": tenant,
     }
     return warm.pool_key(NAME_PREFIX, payload)
 
@@ -150,7 +152,7 @@ def run_shared(
     settings = {k: getattr(spec.spark, k)
                 for k in ("num_executors", "executor_cores", "executor_memory", "placement_group_strategy")}  # fmt: skip
     key = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env,
-                      warm.code_identity([spec.preprocess]))  # fmt: skip
+                      warm.code_identity([spec.preprocess]), spec.tenant)  # fmt: skip
     args = (spec.spark, configs, env, spec.spark.idle_timeout_s)
     for died in count(1):
         with warm_actor.lease(

@@ -62,11 +62,14 @@ class Rank0Lost(RuntimeError):
     is whole in the run's checkpoints: the job's driver does the step instead."""
 
 
-def group_key(scaling: Mapping[str, Any], runtime_env: Mapping[str, Any], code: str = "") -> str:
-    """The name of the group for this configuration and code (:func:`warm.code_identity`): equal inputs,
-    equal name; any difference, another."""
+def group_key(
+    scaling: Mapping[str, Any], runtime_env: Mapping[str, Any], code: str = "", tenant: str = ""
+) -> str:
+    """The name of the group for this configuration, code (:func:`warm.code_identity`) and tenant (the
+    job's connections): equal inputs, equal name; any difference, another."""
     return warm.pool_key(
-        NAME_PREFIX, {"scaling": dict(scaling), "runtime_env": dict(runtime_env), "code": code}
+        NAME_PREFIX,
+        {"scaling": dict(scaling), "runtime_env": dict(runtime_env), "code": code, "tenant": tenant},
     )
 
 
@@ -345,6 +348,7 @@ def fit_shared(
     job_runtime_env: Mapping[str, Any],
     before: Callable[[Callable[..., Any]], Any] | None = None,
     after: Callable[[Callable[..., Any]], Any] | None = None,
+    tenant: str = "",
 ) -> dict[str, Any]:
     """Run ``train_loop`` once on the warm group for ``scaling`` (started if there is none), from the
     checkpoint ``resume_path()`` names; ``on_report`` gets rank 0's reports as they come. Returns the
@@ -355,13 +359,15 @@ def fit_shared(
     ``on_report`` until this call returns. Its errors are the job's: the group stays sound (one that
     loses rank 0 raises :class:`GroupFailed`).
 
+    ``tenant`` (the job's connections) is part of the group's key: groups are single-tenant.
+
     ``after(run_on_rank0)``, when given, runs once the loop has succeeded, still within the lease:
     ``run_on_rank0(fn, kwargs, env)`` runs ``fn`` on rank 0 (:meth:`GroupCall.after_fit`) and returns
     its value; what ``after`` returns is the result's ``after``. Its errors are the job's, not the
     group's: they end the call without retiring the group. If rank 0 dies meanwhile, the group is
     retired and ``run_on_rank0`` raises :class:`Rank0Lost`."""
     runtime_env = warm.pool_runtime_env(job_runtime_env)
-    key = group_key(scaling.to_dict(), runtime_env, warm.code_identity([train_loop]))
+    key = group_key(scaling.to_dict(), runtime_env, warm.code_identity([train_loop]), tenant)
     args = (scaling, idle_timeout_s)
     with warm_actor.lease(WarmTrainGroup, key, scaling.cpus, args, runtime_env, tag=run_uri) as group:
         call = GroupCall(group)

@@ -91,7 +91,7 @@ class WarmTrainer:
                     self.options, self.run_uri,
                     resume_path=self._resume_path, on_report=self._on_report,
                     idle_timeout_s=spec.worker_group_idle_timeout_s, job_runtime_env=self.job_runtime_env,
-                    before=self._begin, after=self._finish,
+                    before=self._begin, after=self._finish, tenant=spec.tenant,
                 )  # fmt: skip
                 break
             except train_group.GroupFailed as e:
