@@ -14,9 +14,10 @@ checksum, as a new file under ``_commits/`` (a single PUT on object storage; wri
 new name on ``file://`` and HDFS, where that rename is atomic). The commit reads no data: writers
 record each file as they write it (:mod:`emr_ray.cluster.file_records`), and the commit checks one
 listing against those records (none missing, none extra, none short) and the declared rows against
-the recorded ones (or the Parquet footers), so it takes the same time for 1M rows as for 50M. Nothing is deleted or moved before the commit, so a crash at any
-point leaves the previous generation current and byte-identical, and two writers never mix files:
-the last commit wins whole and the other writer learns it was superseded.
+the recorded ones (or the Parquet footers), so it takes the same time for 1M rows as for 50M.
+Nothing is deleted or moved before the commit, so a crash at any point leaves the previous
+generation current and byte-identical, and two writers never mix files: the last commit wins whole
+and the other writer learns it was superseded.
 
 **Which commit is current follows what the writers saw, not their clocks**: a commit's key starts
 with a sequence number one above the highest the writer listed, so a commit made after another
@@ -157,16 +158,15 @@ def commit(
     relative to the output folder, size, rows, sha256); the listing must hold exactly those files at
     those sizes. Without them each listed file is described by size and modification time. No data
     byte is read: a ``rows`` an output declares must be the sum of the recorded rows, or else of its
-    Parquet footers. Returns
-    the commit, with ``superseded_by`` set when another writer committed after it (or concurrently,
-    with a later generation id) by the time this one finished. Removing older generations is
-    :func:`emr_ray.cluster.retention.tidy`'s job, after this.
+    Parquet footers. Returns the commit, with ``superseded_by`` set when another writer committed
+    after it (or concurrently, with a later generation id) by the time this one finished. Removing
+    older generations is :func:`emr_ray.cluster.retention.tidy`'s job, after this.
     """
     if not GENERATION_PATTERN.fullmatch(generation):
         raise storage.StorageError(
             f"{generation!r} is not a generation id; take one from partitions.new_generation()."
         )
-    fsys, root = storage.resolve(generation_uri(partition_uri, generation), options)
+    fsys, _ = storage.resolve(partition_uri, options)
     outputs = {name: dict(entry) for name, entry in (manifest.get("outputs") or {}).items()}
     for name, entry in outputs.items():
         entry["files"] = _describe_files(fsys, partition_uri, generation, name, entry.get("files"))
