@@ -69,7 +69,7 @@ def file_bytes(committed: partitions.Committed, options) -> dict[str, str]:
     fsys = storage.filesystem(committed.partition_uri, options)
     digests = {}
     for name in committed.outputs:
-        for path, _ in partitions.dataset_files(committed, name, options):
+        for path, _ in partitions.dataset_files(committed, name, options, verify=True):  # checksums too
             with fsys.open_input_stream(path) as f:
                 digests[path] = hashlib.sha256(f.read()).hexdigest()
     return digests

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from devstack.constants import BUCKET
+from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
+from emr_ray.cluster import partitions, storage
 from emr_ray.hooks.cos import COSHook
 from emr_ray.operators.raydp import RayDPSparkOperator
 from include.data.synthetic import FEATURE_COLUMNS, make_partition
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.integration
 SCHEMA = {**dict.fromkeys(FEATURE_COLUMNS, "double"), "label": "int64"}
 
 
-def test_two_cos_preprocessing_jobs_fill_the_cluster_and_both_finish(ray_conn, cos_conn, cos_prefix):
+def test_two_cos_preprocessing_jobs_fill_the_cluster_and_both_finish(
+    ray_conn, cos_server, cos_conn, cos_prefix
+):
     import io
 
     import pyarrow.parquet as pq
@@ -54,3 +57,9 @@ def test_two_cos_preprocessing_jobs_fill_the_cluster_and_both_finish(ray_conn, c
         results = list(pool.map(run, days))
     assert [r["partition"] for r in results] == days
     assert all(sum(r["rows_out"].values()) == 400 for r in results)
+    options = storage.StorageOptions(endpoint_override=cos_server.endpoint, scheme="http", region=REGION,
+                                     access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
+    for uri in [u for r in results for u in r["outputs"].values()]:  # each Spark task recorded its files
+        committed, output = partitions.for_output_uri(uri, options)
+        assert {f["checksum"] for f in committed.outputs[output]["files"]} == {"sha256"}
+        assert partitions.dataset_files(committed, output, options, verify=True)  # what it wrote is there

@@ -8,15 +8,18 @@ once, is in ``tests/integration/test_partition_faults.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import hashlib
 import json
 import os
 
 import pyarrow as pa
+import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
 
-from emr_ray.cluster import partitions, retention, storage
+from emr_ray.cluster import file_records, partitions, retention, storage
 
 
 def rows(n: int, start: int = 0) -> pa.Table:
@@ -43,8 +46,11 @@ def test_nothing_is_current_until_the_manifest_is_written(partition):
     assert partitions.current(partition) == committed
     assert read_all(committed, "train") == [0, 1, 2, 3, 4]
     [entry] = committed.outputs["train"]["files"]
-    assert entry["size"] == os.path.getsize(f"{storage.split_uri(partition)[1]}/{entry['path']}")
-    assert len(entry["sha256"]) == 64
+    path = f"{storage.split_uri(partition)[1]}/{entry['path']}"
+    # written by hand, not recorded: described from the listing (no byte read), rows from the footer
+    assert entry == {"path": entry["path"], "size": os.path.getsize(path), "checksum": "mtime",
+                     "mtime_ns": os.stat(path).st_mtime_ns}  # fmt: skip
+    assert committed.manifest["format"] == "emr_ray.partition/3"
 
 
 def test_a_rerun_makes_a_new_generation_current_and_the_pinned_one_stays_readable(partition):
@@ -93,6 +99,80 @@ def test_a_commit_refuses_rows_its_files_do_not_hold(partition):
     assert partitions.current(partition) is None
     with pytest.raises(storage.StorageError, match="is not a generation id"):
         partitions.commit(partition, "../elsewhere", {"outputs": {"train": {"rows": 5}}})
+
+
+def test_a_writer_records_each_file_as_it_writes_it_and_the_commit_keeps_those_records(partition):
+    """Size, rows and the sha256 of the bytes that went out: the commit lists, it reads nothing back."""
+    committed = partitions.write_tables(partition, {"train": rows(50)}, {})
+    [entry] = committed.outputs["train"]["files"]
+    with open(f"{storage.split_uri(partition)[1]}/{entry['path']}", "rb") as f:
+        data = f.read()
+    assert entry == {"path": f"_generations/{committed.generation}/train/part-00000.parquet", "size": len(data),
+                     "rows": 50, "checksum": "sha256", "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+
+
+def written_by_hand(partition: str, names: list[str], n: int = 5) -> tuple[str, list[dict]]:
+    """A generation with ``names`` written, and the records a writer would have taken of them."""
+    generation = partitions.new_generation()
+    folder = storage.split_uri(partitions.output_uri(partition, generation, "train"))[1]
+    os.makedirs(folder)
+    records = []
+    for name in names:
+        with file_records.RecordingFile(pyarrow.fs.LocalFileSystem(), f"{folder}/{name}") as f:
+            pq.write_table(rows(n), f)
+        records.append(f.record(name, n))
+    return generation, records
+
+
+def test_a_commit_refuses_files_its_writer_did_not_write_missing_or_short(partition):
+    generation, records = written_by_hand(partition, ["part-0.parquet", "part-1.parquet"])
+    folder = storage.split_uri(partitions.output_uri(partition, generation, "train"))[1]
+    pq.write_table(rows(3), f"{folder}/part-9.parquet")  # a second writer on this generation
+    with open(f"{folder}/part-1.parquet", "r+b") as f:
+        f.truncate(100)
+    os.remove(f"{folder}/part-0.parquet")
+    with pytest.raises(storage.StorageError, match=(
+        "train/part-0.parquet was written but is missing; "
+        "train/part-1.parquet is 100 bytes, its writer wrote [0-9]+; "
+        "train/part-9.parquet is there but its writer did not write it")):  # fmt: skip
+        partitions.commit(partition, generation, {"outputs": {"train": {"rows": 10, "files": records}}})
+    assert partitions.current(partition) is None
+
+
+def test_a_commit_refuses_rows_its_writer_did_not_record(partition):
+    generation, records = written_by_hand(partition, ["part-0.parquet", "part-1.parquet"])
+    with pytest.raises(storage.StorageError, match="declares 11 rows but its 2 file.s. hold 10"):
+        partitions.commit(partition, generation, {"outputs": {"train": {"rows": 11, "files": records}}})
+
+
+def test_a_reader_verifies_checksums_on_demand_and_size_only_by_default(partition):
+    """A same-size change passes the default size check; ``verify=True`` reads the bytes and refuses it.
+    A manifest of the previous format (``sha256`` alone, no kind) verifies the same way."""
+    committed = partitions.write_tables(partition, {"train": rows(50)}, {})
+    assert partitions.dataset_files(committed, "train", verify=True)
+    [entry] = committed.outputs["train"]["files"]
+    old = dataclasses.replace(committed, manifest={**committed.manifest, "outputs": {"train": {
+        "files": [{"path": entry["path"], "size": entry["size"], "sha256": entry["sha256"]}]}}})  # fmt: skip
+    assert partitions.dataset_files(old, "train", verify=True) == partitions.dataset_files(committed, "train")
+    path = f"{storage.split_uri(partition)[1]}/{entry['path']}"
+    with open(path, "r+b") as f:
+        f.seek(entry["size"] // 2)
+        byte = f.read(1)
+        f.seek(entry["size"] // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert partitions.dataset_files(committed, "train") == [(path, entry["size"])]
+    for manifest in (committed, old):
+        with pytest.raises(storage.StorageError, match="its sha256 is [0-9a-f]{64}, its manifest says"):
+            partitions.dataset_files(manifest, "train", verify=True)
+
+
+def test_a_file_written_by_hand_is_verified_by_its_modification_time(partition):
+    generation, _ = written_by_hand(partition, ["part-0.parquet"])
+    committed = partitions.commit(partition, generation, {"outputs": {"train": {"rows": 5}}})
+    [(path, _)] = partitions.dataset_files(committed, "train", verify=True)
+    os.utime(path, ns=(0, 0))
+    with pytest.raises(storage.StorageError, match="it was modified at 0 ns, its manifest says"):
+        partitions.dataset_files(committed, "train", verify=True)
 
 
 def test_a_file_changed_behind_the_manifest_is_refused(partition):

@@ -9,12 +9,15 @@ Layout of a partition this provider writes (raw input partitions from outside ke
         _pins/<generation>/<holder>.json                    who still needs a generation (retention.py)
 
 A writer puts its files under a generation of its own (:func:`new_generation`), then commits in ONE
-atomic step: it writes the generation's manifest, which lists every file with its size and sha256
-and checks the rows it declares against the files' Parquet footers, as a new file under
-``_commits/`` (a single PUT on object storage; write then rename onto a new name on ``file://`` and
-HDFS, where that rename is atomic). Nothing is deleted or moved before the commit, so a crash at any
-point leaves the previous generation current and byte-identical, and two writers never mix files:
-the last commit wins whole and the other writer learns it was superseded.
+atomic step: it writes the generation's manifest, which lists every file with its size, rows and
+checksum, as a new file under ``_commits/`` (a single PUT on object storage; write then rename onto a
+new name on ``file://`` and HDFS, where that rename is atomic). The commit reads no data: writers
+record each file as they write it (:mod:`emr_ray.cluster.file_records`), and the commit checks one
+listing against those records (none missing, none extra, none short) and the declared rows against
+the recorded ones (or the Parquet footers), so it takes the same time for 1M rows as for 50M.
+Nothing is deleted or moved before the commit, so a crash at any point leaves the previous
+generation current and byte-identical, and two writers never mix files: the last commit wins whole
+and the other writer learns it was superseded.
 
 **Which commit is current follows what the writers saw, not their clocks**: a commit's key starts
 with a sequence number one above the highest the writer listed, so a commit made after another
@@ -23,7 +26,8 @@ concurrently (the same number) are ordered by generation id. Only names of that 
 names its own generation count: a file dropped into ``_commits/`` by hand is ignored, never current.
 (Keys of the previous form, ``<commit time>-<generation>``, sort before every sequence key.)
 
-Readers read exactly the files a manifest lists and check their sizes (:func:`dataset_files`); a
+Readers read exactly the files a manifest lists and check their sizes, and their checksums on
+demand (:func:`dataset_files` with ``verify=True``, as long as reading the data once more); a
 task that must not see a later commit pins its generation (:func:`pinned`). What is removed, and
 when, is :mod:`emr_ray.cluster.retention`'s job: by reference and time, never by a count alone.
 Partitions of the previous layout (files, ``_manifest.json`` and ``_SUCCESS`` directly under
@@ -49,7 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from emr_ray.cluster import storage
+from emr_ray.cluster import file_records, storage
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,8 @@ COMMITS = "_commits"
 LEGACY = "legacy"
 PINS = "_pins"
 WRITER_LEASE = "_writer.json"
-FORMAT = "emr_ray.partition/2"
+#: /3: each file entry names its checksum kind (file_records); /2 entries carry sha256 alone
+FORMAT = "emr_ray.partition/3"
 #: seconds between two renewals of a writer's lease (retention.py judges a writer by it)
 LEASE_RENEW_S = 300.0
 #: what a generation id looks like (:func:`new_generation`); anything else is not ours
@@ -146,22 +151,25 @@ def commit(
     manifest: dict[str, Any],
     options: storage.StorageOptions | None = None,
 ) -> Committed:
-    """Make ``generation`` current: list its files (size, sha256) into ``manifest`` and write it atomically.
+    """Make ``generation`` current: list its files into ``manifest`` and write it atomically.
 
-    ``manifest["outputs"]`` names the outputs (each a folder under the generation); their ``files``
-    are filled in here, and a ``rows`` an output declares must be what its Parquet files hold. Returns
-    the commit, with ``superseded_by`` set when another writer committed after it (or concurrently,
-    with a later generation id) by the time this one finished. Removing older generations is
-    :func:`emr_ray.cluster.retention.tidy`'s job, after this.
+    ``manifest["outputs"]`` names the outputs (each a folder under the generation). An output's
+    ``files``, when given, are what its writer recorded as it wrote them (:mod:`.file_records`: names
+    relative to the output folder, size, rows, sha256); the listing must hold exactly those files at
+    those sizes. Without them each listed file is described by size and modification time. No data
+    byte is read: a ``rows`` an output declares must be the sum of the recorded rows, or else of its
+    Parquet footers. Returns the commit, with ``superseded_by`` set when another writer committed
+    after it (or concurrently, with a later generation id) by the time this one finished. Removing
+    older generations is :func:`emr_ray.cluster.retention.tidy`'s job, after this.
     """
     if not GENERATION_PATTERN.fullmatch(generation):
         raise storage.StorageError(
             f"{generation!r} is not a generation id; take one from partitions.new_generation()."
         )
-    fsys, root = storage.resolve(generation_uri(partition_uri, generation), options)
+    fsys, _ = storage.resolve(partition_uri, options)
     outputs = {name: dict(entry) for name, entry in (manifest.get("outputs") or {}).items()}
     for name, entry in outputs.items():
-        entry["files"] = _describe_files(fsys, root, f"{root}/{name}", partition_uri)
+        entry["files"] = _describe_files(fsys, partition_uri, generation, name, entry.get("files"))
         if not entry["files"]:
             raise storage.StorageError(
                 f"Output {name!r} of generation {generation} of {partition_uri} has no data files; "
@@ -199,7 +207,8 @@ def commit(
 def _check_rows(
     partition_uri: str, generation: str, output: str, entry: dict[str, Any], fsys: Any, partition_root: str
 ) -> None:
-    """Refuse a manifest whose declared ``rows`` are not what its Parquet files hold (their footers)."""
+    """Refuse a manifest whose declared ``rows`` are not what its files hold: as their writer recorded
+    them, else as their Parquet footers say (a footer read is a few KB, whatever the file's size)."""
     import pyarrow.parquet as pq
 
     declared = entry.get("rows")
@@ -210,6 +219,9 @@ def _check_rows(
         return  # only Parquet footers say their rows without reading the data
     held = 0
     for item in files:
+        if isinstance(item.get("rows"), int):  # its writer counted them as it wrote the footer
+            held += item["rows"]
+            continue
         with fsys.open_input_file(f"{partition_root}/{item['path']}") as f:
             held += pq.ParquetFile(f).metadata.num_rows
     if held != declared:
@@ -300,9 +312,10 @@ def write_tables(
         for name, table in tables.items():
             _, folder = storage.split_uri(output_uri(partition_uri, generation, name))
             fsys.create_dir(folder, recursive=True)
-            with fsys.open_output_stream(f"{folder}/part-00000.parquet") as f:
+            with file_records.RecordingFile(fsys, f"{folder}/part-00000.parquet") as f:
                 pq.write_table(table, f)
-            outputs[name] = {"rows": table.num_rows, **outputs.get(name, {})}
+            files = [f.record("part-00000.parquet", table.num_rows)]
+            outputs[name] = {"rows": table.num_rows, **outputs.get(name, {}), "files": files}
         return commit(partition_uri, generation, {**manifest, "outputs": outputs}, options)
 
 
@@ -375,9 +388,13 @@ def for_output_uri(uri: str, options: storage.StorageOptions | None = None) -> t
 
 
 def dataset_files(
-    committed: Committed, output: str, options: storage.StorageOptions | None = None
+    committed: Committed, output: str, options: storage.StorageOptions | None = None, *, verify: bool = False
 ) -> list[tuple[str, int]]:
-    """``(path, size)`` of exactly the files the manifest lists for ``output``, sizes checked."""
+    """``(path, size)`` of exactly the files the manifest lists for ``output``, sizes checked.
+
+    ``verify`` also checks each file's checksum (:mod:`.file_records`): a ``sha256`` entry reads the
+    file whole (as long as reading the data once more), an ``mtime`` one compares the listing's.
+    """
     from pyarrow import fs as pafs
 
     entry = committed.outputs.get(output)
@@ -396,6 +413,13 @@ def dataset_files(
                 f"{path} of generation {committed.generation} is {found}, its manifest says {size} bytes: "
                 "the partition was changed outside this provider; rerun its preprocessing task."
             )
+    if verify:
+        for item, (path, _), info in zip(entry["files"], listed, infos, strict=True):
+            if why := file_records.mismatch(fsys, path, item, info):
+                raise storage.StorageError(
+                    f"{path} of generation {committed.generation} is not what was committed: {why}; "
+                    "the partition was changed outside this provider; rerun its preprocessing task."
+                )
     return listed
 
 
@@ -405,22 +429,28 @@ def _is_data_file(name: str) -> bool:
     return not name.startswith(("_", ".")) and not name.endswith(".crc")
 
 
-def _describe_files(fsys: Any, generation_root: str, folder: str, partition_uri: str) -> list[dict[str, Any]]:
+def _describe_files(
+    fsys: Any, partition_uri: str, generation: str, output: str, recorded: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The manifest entries of ``output``'s data files, from one listing: the writer's records, checked
+    against it (none missing, none extra, none short), or else size and modification time."""
     from pyarrow import fs as pafs
 
     _, partition_root = storage.split_uri(partition_uri)
+    _, folder = storage.split_uri(output_uri(partition_uri, generation, output))
     infos = fsys.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
-    files = []
-    for info in sorted((i for i in infos if i.type == pafs.FileType.File), key=lambda i: i.path):
-        if not _is_data_file(info.base_name):
-            continue
-        digest = hashlib.sha256()
-        with fsys.open_input_stream(info.path) as f:
-            while chunk := f.read(4 << 20):
-                digest.update(chunk)
-        relative = info.path[len(partition_root) :].lstrip("/")
-        files.append({"path": relative, "size": info.size, "sha256": digest.hexdigest()})
-    return files
+    found = {i.path[len(folder) :].lstrip("/"): i for i in infos
+             if i.type == pafs.FileType.File and _is_data_file(i.base_name)}  # fmt: skip
+    prefix = folder[len(partition_root) :].lstrip("/")
+    if recorded is None:
+        return [file_records.listed(f"{prefix}/{name}", found[name]) for name in sorted(found)]
+    if problems := file_records.compare(output, recorded, found):
+        raise storage.StorageError(
+            f"Generation {generation} of {partition_uri} is not what its writer wrote: {'; '.join(problems)} "
+            "(another writer's housekeeping, or a second writer on this generation). Nothing was committed; "
+            "run the task again."
+        )
+    return sorted(({**r, "path": f"{prefix}/{r['path']}"} for r in recorded), key=lambda r: r["path"])
 
 
 def _write_atomically(

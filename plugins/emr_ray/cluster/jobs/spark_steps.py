@@ -8,13 +8,14 @@ generation is removed.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray.cluster import partitions, retention, storage
+from emr_ray.cluster import file_records, partitions, retention, storage
 from emr_ray.cluster.jobs._runtime import JobInputError
 from emr_ray.cluster.jobs.validation import value_problems
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings, import_by_path
@@ -96,40 +97,57 @@ def read_partition(spark, uri: str, files: list[str], options: storage.StorageOp
     return paths.mapInArrow(read, schema)
 
 
-def write_output(df, uri: str, options: storage.StorageOptions) -> None:
+def write_output(df, uri: str, options: storage.StorageOptions) -> list[dict[str, Any]] | None:
     """Write ``df`` as Parquet under ``uri`` (a staging prefix; the caller commits it).
 
-    To COS, each Spark task writes its partition as ``part-<partition>.parquet`` with pyarrow: a
-    retried task overwrites its own file, so a retry never adds rows. An empty DataFrame still
-    leaves one (empty) file with its schema.
+    To COS, each Spark task writes its partition as ``part-<partition>.parquet`` with pyarrow and
+    returns its record (:class:`~emr_ray.cluster.file_records.RecordingFile`: size, rows, sha256 of
+    the bytes as they went out), so the commit reads nothing back: those records are returned. A
+    retried task overwrites its own file, so a retry never adds rows. An empty DataFrame still leaves
+    one (empty) file with its schema. To ``file://`` and HDFS, Spark's own writer (its output
+    committer) writes, nothing is recorded, and None is returned.
     """
     scheme, path = storage.split_uri(uri)
     if scheme != "cos":
         df.write.mode("overwrite").parquet(storage.qualify(uri, path))
-        return
+        return None
     import pyarrow.parquet as pq
+    from pyspark import cloudpickle
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    cloudpickle.register_pickle_by_value(file_records)  # the executors need not have emr_ray installed
     fsys = storage.filesystem(uri, options)
     arrow_schema = to_arrow_schema(df.schema)
+    recording_file = file_records.RecordingFile
 
     def write(batches):
+        import json
+
         import pyarrow as pa
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
-        name = f"{path}/part-{TaskContext.get().partitionId():05d}.parquet"
-        writer = None
+        name = f"part-{TaskContext.get().partitionId():05d}.parquet"
+        sink = writer = None
+        rows = 0
         for batch in batches:
             if batch.num_rows:
-                writer = writer or pq.ParquetWriter(name, batch.schema, filesystem=fsys)
+                if writer is None:
+                    sink = recording_file(fsys, f"{path}/{name}")
+                    writer = pq.ParquetWriter(sink, batch.schema)
                 writer.write_batch(batch)
-        if writer is not None:
+                rows += batch.num_rows
+        if writer is not None and sink is not None:
             writer.close()
-            yield pa.RecordBatch.from_pylist([{"file": name}])
+            sink.close()
+            yield pa.RecordBatch.from_pylist([{"record": json.dumps(sink.record(name, rows))}])
 
-    if not df.mapInArrow(write, "file string").collect():
-        pq.write_table(arrow_schema.empty_table(), f"{path}/part-00000.parquet", filesystem=fsys)
+    records = [json.loads(row["record"]) for row in df.mapInArrow(write, "record string").collect()]
+    if not records:
+        with file_records.RecordingFile(fsys, f"{path}/part-00000.parquet") as sink:
+            pq.write_table(arrow_schema.empty_table(), sink)
+        records = [sink.record("part-00000.parquet", 0)]
+    return records
 
 
 def validate_columns(df, required: list[str], uri: str) -> None:
@@ -213,10 +231,12 @@ def preprocess_partition(
             cached.append(out)
             rows = out.count()
             lap("compute")
-            write_output(out, partitions.output_uri(output_uri, generation, name), options)
+            records = write_output(out, partitions.output_uri(output_uri, generation, name), options)
             lap("write")
             written[name] = {"rows": rows,
                              "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
+            if records is not None:  # what the writers recorded: the commit checks its listing against it
+                written[name]["files"] = records
             log.info("Wrote output %r: %d rows", name, rows)
         manifest = {
             "partition": partition,
