@@ -143,9 +143,19 @@ def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_w
     finally:
         cos_server.allow_secret_id(SECRET_ID)
         monkeypatch.setenv("AIRFLOW_CONN_COS_DEFAULT", cos_connection_json(cos_server.endpoint))
-    session = second["spark_session"]
-    assert session == {**first["spark_session"], "calls": 2, "reused": True}
+    session, started = second["spark_session"], first["spark_session"]
+    assert started["why"].startswith("no shared spark session was running") and not started["reused"]
+    assert {k: session[k] for k in ("name", "start_seconds")} == {
+        k: started[k] for k in ("name", "start_seconds")
+    }
+    assert session["calls"] == 2 and session["reused"] and session["why"] is None
+    assert session["age_seconds"] > started["age_seconds"] and session["idle_seconds"] > 0
     usage = second["usage"]
+    # the seconds the session sat idle between the two jobs are counted by the second one
+    assert (
+        usage["pool_idle"]["seconds"] == pytest.approx(session["idle_seconds"], abs=0.02)
+        and usage["pool_idle"]["cpu_seconds"] > 0
+    )
     assert "spark_start" not in usage["phases"] and "spark_session" in usage["phases"]  # no Spark start-up
     assert usage["held"]["actor:SharedSparkExecutors"]["cpu_seconds"] > 0  # the executor's share, this call
 

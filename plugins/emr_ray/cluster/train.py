@@ -132,7 +132,8 @@ class TrainContext:
         raise NotImplementedError
 
     def report(self, metrics: dict[str, Any], directory: str | None) -> None:
-        """Report an epoch's metrics, with rank 0's checkpoint directory (None on other ranks)."""
+        """Report an epoch's metrics, with rank 0's checkpoint directory (None on other ranks). The
+        context owns the directory from here on: it removes it once the checkpoint is stored."""
         raise NotImplementedError
 
 
@@ -181,12 +182,16 @@ class RayTrainContext(TrainContext):
                 return None
 
     def report(self, metrics: dict[str, Any], directory: str | None) -> None:
+        """Report in the background (Ray Train's ``ASYNC`` mode): the checkpoint is uploaded and the
+        report handed to the controller (which takes one every 2 s) while the next epoch runs; Ray
+        Train keeps the reports in order, takes a checkpoint as the run's latest only once it is
+        stored whole, removes the local copy, and waits for the uploads before the loop's end."""
         import ray.train
+        from ray.train import CheckpointUploadMode
 
-        if directory is None:
-            ray.train.report(metrics)
-        else:
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        checkpoint = ray.train.Checkpoint.from_directory(directory) if directory else None
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                         delete_local_checkpoint_after_upload=True)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -392,6 +397,7 @@ def report_epoch(metrics: dict[str, Any], *, model: Any, optimizer: Any, epoch: 
     if rank != 0:
         context.report(metrics, None)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        save_state(tmp, model=model, optimizer=optimizer, epoch=epoch, metrics=metrics, inputs=context.inputs)
-        context.report(metrics, tmp)
+    # the context stores the checkpoint off the training step's path and removes this folder after
+    tmp = tempfile.mkdtemp(prefix="emr_ray_checkpoint_")
+    save_state(tmp, model=model, optimizer=optimizer, epoch=epoch, metrics=metrics, inputs=context.inputs)
+    context.report(metrics, tmp)

@@ -47,6 +47,45 @@ def upload(local_dir: str, fsys: Any, run_path: str, epoch: int) -> str:
     return target
 
 
+class BackgroundUploads:
+    """A warm rank 0's checkpoints stored off the training step's path: one thread uploads them in
+    the order they were reported (each whole, metrics last: :func:`upload`), then publishes the
+    report and removes the local folder. A failed upload fails the call at the next report or at
+    :meth:`finish`, which waits for every upload: a call never ends with a checkpoint half stored."""
+
+    def __init__(self, fsys: Any, run_path: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.fsys, self.run_path = fsys, run_path
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-upload")
+        self._pending: list[Any] = []
+
+    def submit(self, metrics: dict[str, Any], directory: str | None, publish: Any) -> None:
+        self._raise_failed()
+
+        def store() -> None:
+            try:
+                stored = upload(directory, self.fsys, self.run_path, metrics["epoch"]) if directory else None
+            finally:
+                if directory:
+                    shutil.rmtree(directory, ignore_errors=True)
+            publish({"metrics": metrics, "checkpoint": stored})
+
+        self._pending.append(self._pool.submit(store))
+
+    def finish(self, raise_failed: bool = True) -> None:
+        self._pool.shutdown(wait=True)
+        if raise_failed:
+            self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        for future in self._pending:
+            if future.done() and future.exception() is not None:
+                raise RuntimeError(
+                    f"Storing a checkpoint under {self.run_path} failed"
+                ) from future.exception()
+
+
 def download(fsys: Any, path: str, local_dir: str) -> str:
     """Copy a stored checkpoint into ``local_dir``; returns ``local_dir``."""
     from pyarrow import fs as pafs

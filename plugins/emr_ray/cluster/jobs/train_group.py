@@ -123,12 +123,12 @@ class TrainWorker:
         self.call, self.reports = call, []
         fsys, run_path = storage.resolve(run_uri, options)
         lines = warm.CallLog.attach()
+        uploads = train_checkpoints.BackgroundUploads(fsys, run_path)
 
         def report(metrics: dict[str, Any], directory: str | None) -> None:
-            stored = (
-                train_checkpoints.upload(directory, fsys, run_path, metrics["epoch"]) if directory else None
-            )
-            self.reports.append({"metrics": metrics, "checkpoint": stored})
+            """Off the training step's path: the checkpoint is stored (and the report published) in
+            the background, in order, while the next epoch runs."""
+            uploads.submit(metrics, directory, self.reports.append)
 
         try:
             with tempfile.TemporaryDirectory() as tmp:
@@ -137,6 +137,11 @@ class TrainWorker:
                                                      report, emr_train.inputs_of_plan(config))  # fmt: skip
                 with emr_train.running_in(context):
                     import_by_path(train_loop)(config)
+        except BaseException:
+            uploads.finish(raise_failed=False)  # the loop's own error is the call's
+            raise
+        else:
+            uploads.finish()  # every checkpoint stored before the call ends (raises the first failure)
         finally:
             warm.CallLog.detach()
         return {"log": lines, "reports": len(self.reports)}
