@@ -21,7 +21,15 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse
 
 from emr_ray.views import page, sources
-from emr_ray.views.model import PAGE_SIZE, FilterError, Filters, RetrainingView, build_view, task_kind
+from emr_ray.views.model import (
+    MAX_PAGE_SIZE,
+    PAGE_SIZE,
+    FilterError,
+    Filters,
+    RetrainingView,
+    build_view,
+    task_kind,
+)
 from emr_ray.views.registration import DAG_TAB_URL
 
 READ_DAG = [
@@ -30,6 +38,15 @@ READ_DAG = [
     Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE)),
     Depends(requires_access_dag("GET", DagAccessEntity.XCOM)),
 ]
+
+
+#: the query parameters of a DAG's page and its JSON (module level: FastAPI resolves them by name)
+From = Annotated[str | None, Query(alias="from")]
+To = Annotated[str | None, Query(alias="to")]
+States = Annotated[list[str], Query(alias="state")]
+Decisions = Annotated[list[str], Query(alias="decision")]
+PageNumber = Annotated[int, Query(alias="page", ge=1)]
+PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
 
 
 def view_of(
@@ -62,13 +79,6 @@ def view_of(
 def create_app() -> FastAPI:
     """The app the plugin mounts at :data:`~emr_ray.views.registration.URL_PREFIX`."""
     app = FastAPI(title="emr_ray: Retraining view", docs_url=None, redoc_url=None, openapi_url=None)
-
-    From = Annotated[str | None, Query(alias="from")]
-    To = Annotated[str | None, Query(alias="to")]
-    States = Annotated[list[str], Query(alias="state")]
-    Decisions = Annotated[list[str], Query(alias="decision")]
-    PageNumber = Annotated[int, Query(alias="page", ge=1)]
-    PageSize = Annotated[int, Query(ge=1, le=500)]
 
     @app.get("/dags/{dag_id}", response_class=HTMLResponse, dependencies=READ_DAG)
     def dag_page(
