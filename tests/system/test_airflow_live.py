@@ -358,8 +358,9 @@ def test_the_retraining_tab_shows_the_manual_runs_version_decision_and_cost(api,
     """The Retraining view (the plugin's app, mounted by the running API server) with the REST API's
     bearer token: the manual run's row carries its model version, the decision (challenger only) and
     the CPU-seconds its Ray jobs reserved; the champion is MLflow's. Without a token: 401. Then the
-    DAG's Retraining tab in the UI, in headless Chromium, as a logged-in user sees it (a screenshot,
-    ``retraining-tab.png``, in the test's tmp folder). Reuses the manual run; starts none of its own."""
+    DAG's Retraining tab in the UI, in headless Chromium, as a logged-in user sees it (screenshots of the
+    tab and of the view alone, ``retraining-tab.png`` and ``retraining-view.png``, in the test's tmp
+    folder; ``-o tmp_path_retention_policy=all`` keeps them after a pass). Reuses the manual run; starts none of its own."""
     prefix = f"/emr-ray/retraining/api/dags/{DAG_ID}"
     view = api.call("GET", f"{prefix}?page_size=100")
     rows = {row["run_id"]: row for row in view["rows"]}
@@ -384,4 +385,10 @@ def test_the_retraining_tab_shows_the_manual_runs_version_decision_and_cost(api,
         page.set_viewport_size({"width": 1600, "height": 1200})
         page.wait_for_timeout(1000)
         page.screenshot(path=str(tmp_path / "retraining-tab.png"), full_page=True)
+        # Airflow frames the tab without allow-popups: links open in the frame, never in a blocked new tab
+        assert "allow-popups" not in (page.locator("iframe").first.get_attribute("sandbox") or "")
+        assert frame.locator('a[target="_blank"]').count() == 0
+        page.goto(f"{api.base}/emr-ray/retraining/dags/{DAG_ID}")  # the view alone, with the UI's cookie
+        page.get_by_text("Serving now:").wait_for()
+        page.screenshot(path=str(tmp_path / "retraining-view.png"), full_page=True)
     assert (tmp_path / "retraining-tab.png").stat().st_size > 10_000

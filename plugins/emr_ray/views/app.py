@@ -30,7 +30,7 @@ from emr_ray.views.model import (
     build_view,
     task_kind,
 )
-from emr_ray.views.registration import DAG_TAB_URL
+from emr_ray.views.registration import DAG_VIEW_URL
 
 READ_DAG = [
     Depends(requires_access_dag("GET")),
@@ -101,6 +101,6 @@ def create_app() -> FastAPI:
         from airflow.api_fastapi.app import get_auth_manager
 
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
-        return HTMLResponse(page.index_html(sources.retraining_dag_ids(session, readable), DAG_TAB_URL))
+        return HTMLResponse(page.index_html(sources.retraining_dag_ids(session, readable), DAG_VIEW_URL))
 
     return app

@@ -1,8 +1,8 @@
 """The view model as one self-contained HTML page (inline CSS and SVG, no script), for the Airflow
 UI's frame: the champion now and why, the filters, the three plots, the table and its pager.
 
-Every missing figure is an em dash; every note a row carries is shown under it. Links to other
-origins (the Ray dashboard, MLflow) open in a new tab, links between pages stay in the frame.
+Every missing figure is an em dash; every note a row carries is shown under it. Every link opens
+in the frame (Airflow's frame sandbox allows neither popups nor navigating the page around it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ table{border-collapse:collapse;width:100%} th,td{border-bottom:1px solid #ddd;pa
 text-align:left;vertical-align:top} th{background:#f5f5f5;position:sticky;top:0}
 td.n{text-align:right;font-variant-numeric:tabular-nums} .note{color:#a15c00;font-size:11px}
 .serving{background:#f0f6ff;border:1px solid #c9dcf5;padding:8px;margin-bottom:8px}
-.plots svg{margin:4px 8px 4px 0;border:1px solid #eee} form{margin:8px 0}
+.plots{display:flex;flex-wrap:wrap;gap:8px} .plots svg{border:1px solid #eee} form{margin:8px 0}
 .promoted{color:#1a7f37;font-weight:600} .failed{color:#c62828} .pager a{margin:0 6px}
 """
 
@@ -52,7 +52,9 @@ def _seconds(value: float | None) -> str:
 
 
 def _link(url: str, label: str) -> str:
-    return f'<a href="{escape(url)}" target="_blank" rel="noopener">{escape(label)}</a>'
+    """A link that opens in the frame: Airflow's frame allows no popups (``target="_blank"`` would do
+    nothing) and no navigation of the page around it."""
+    return f'<a href="{escape(url)}" rel="noopener noreferrer">{escape(label)}</a>'
 
 
 def serving_html(serving: Serving) -> str:
@@ -171,13 +173,12 @@ def render(view: RetrainingView) -> str:
 
 
 def index_html(dag_ids: Sequence[str], page_url: str) -> str:
-    """The nav page: the retraining DAGs this user may read, each linking to its Retraining tab.
+    """The nav page: the retraining DAGs this user may read, each linking to its view.
 
-    :param page_url: where a DAG's tab lives, with ``{dag_id}`` in it.
+    :param page_url: a DAG's view, with ``{dag_id}`` in it (inside the same frame).
     """
     items = "".join(
-        f'<li><a href="{escape(page_url.format(dag_id=d))}" target="_top">{escape(d)}</a></li>'
-        for d in dag_ids
+        f'<li><a href="{escape(page_url.format(dag_id=d))}">{escape(d)}</a></li>' for d in dag_ids
     )
     return (
         '<!doctype html><html><head><meta charset="utf-8"><title>Retraining</title>'

@@ -12,8 +12,8 @@ from html import escape
 
 from emr_ray.views.model import PROMOTED, PartitionRow
 
-WIDTH, HEIGHT = 760, 220
-LEFT, RIGHT, TOP, BOTTOM = 64, 150, 16, 40  # margins: the legend sits on the right
+WIDTH, HEIGHT = 600, 220
+LEFT, RIGHT, TOP, BOTTOM = 64, 140, 24, 40  # margins: the legend sits on the right
 #: one colour per stacked task, in the DAG's task order (repeats after the last)
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f")
 
@@ -54,7 +54,7 @@ def _axes(frame: Frame, rows: Sequence[PartitionRow], unit: str) -> list[str]:
             f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + frame.inner_w}" y2="{y:.1f}" stroke="#eee"/>'
         )
         parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(_fmt(value))}</text>')
-    parts.append(f'<text x="8" y="{TOP + 10}">{escape(unit)}</text>')
+    parts.append(f'<text x="4" y="12">{escape(unit)}</text>')
     step = max(1, -(-len(rows) // 8))
     for index in range(0, len(rows), step):
         label = rows[index].partition or "?"

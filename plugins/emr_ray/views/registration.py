@@ -12,11 +12,11 @@ from typing import Any
 
 #: where Airflow's API server mounts the view's app (a plugin may not use /api, /ui, /auth, ...)
 URL_PREFIX = "/emr-ray/retraining"
-#: the tab's route inside the UI: /dags/<dag_id>/plugin/<DAG_TAB_ROUTE>
+#: the tab's route inside the UI: /dags/<dag_id>/plugin/<DAG_TAB_ROUTE>; the nav entry's: /plugin/<NAV_ROUTE>
 DAG_TAB_ROUTE = "retraining"
 NAV_ROUTE = "retraining-dags"
-#: a DAG's Retraining tab in the UI (the nav page links there, out of its frame)
-DAG_TAB_URL = "/dags/{dag_id}/plugin/" + DAG_TAB_ROUTE
+#: a DAG's view inside the frame (where the nav page links: the frame cannot navigate the UI around it)
+DAG_VIEW_URL = URL_PREFIX + "/dags/{dag_id}"
 
 
 class LazyApp:

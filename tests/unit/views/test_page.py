@@ -83,7 +83,14 @@ def test_nothing_from_a_run_becomes_markup():
     assert "img" not in cells(html).tags and "<b>d</b>" not in html
 
 
-def test_the_nav_page_links_each_readable_dag_to_its_tab():
-    html = page.index_html(["retrain_tabular"], "/dags/{dag_id}/plugin/retraining")
-    assert '<a href="/dags/retrain_tabular/plugin/retraining" target="_top">retrain_tabular</a>' in html
+def test_links_open_in_the_frame_which_allows_no_popups():
+    html = page.render(
+        build_view("d", [run("2026-11-28", register=register_result("3", True, 0.93, 0.91, "2"))])
+    )
+    assert 'href="http://mlflow/#/models/tabular-mlp/versions/3"' in html and "target=" not in html
+
+
+def test_the_nav_page_links_each_readable_dag_to_its_view_in_the_same_frame():
+    html = page.index_html(["retrain_tabular"], "/emr-ray/retraining/dags/{dag_id}")
+    assert '<a href="/emr-ray/retraining/dags/retrain_tabular">retrain_tabular</a>' in html
     assert "no retraining DAG you may read" in page.index_html([], "/x/{dag_id}")
