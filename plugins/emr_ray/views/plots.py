@@ -55,7 +55,7 @@ def _axes(frame: Frame, rows: Sequence[PartitionRow], unit: str) -> list[str]:
         )
         parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(_fmt(value))}</text>')
     parts.append(f'<text x="4" y="12">{escape(unit)}</text>')
-    step = max(1, -(-len(rows) // 8))
+    step = max(1, -(-len(rows) // 5))  # at most 5 dates: they fit side by side
     for index in range(0, len(rows), step):
         label = rows[index].partition or "?"
         parts.append(f'<text x="{frame.x(index):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">'
