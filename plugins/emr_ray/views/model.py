@@ -13,6 +13,7 @@ and a note on the row, never an exception: the page must show what is known.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -122,6 +123,7 @@ class PartitionRow:
     task_seconds: Mapping[str, float | None] = field(default_factory=dict)
     links: tuple[Link, ...] = ()
     notes: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # what MLflow's aliases say of this version now (champion, challenger)
 
 
 @dataclass(frozen=True)
@@ -285,6 +287,15 @@ def newest_first(row: PartitionRow) -> tuple[str, float]:
     return (row.partition or "", after)
 
 
+def with_aliases(row: PartitionRow, registry: Registry | None) -> PartitionRow:
+    """``row`` with the aliases its version holds in MLflow now (none when MLflow did not answer)."""
+    if registry is None or registry.error or row.model_name is None or row.version is None:
+        return row
+    held = (registry.aliases.get(row.model_name) or {}).items()
+    aliases = tuple(sorted(alias for alias, version in held if version == row.version))
+    return dataclasses.replace(row, aliases=aliases) if aliases else row
+
+
 def serving_of(rows: Sequence[PartitionRow], registry: Registry | None) -> Serving:
     """The champion now: MLflow's alias when MLflow answers, else the last promotion the runs recorded
     (with a note saying so). ``rows``: every row of the DAG, unfiltered, newest first."""
@@ -326,7 +337,9 @@ def build_view(
     if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
         raise FilterError(f"page must be >= 1 and page_size between 1 and {MAX_PAGE_SIZE}")
     run_list = list(runs)
-    every = sorted((partition_row(run) for run in run_list), key=newest_first, reverse=True)
+    every = sorted(
+        (with_aliases(partition_row(run), registry) for run in run_list), key=newest_first, reverse=True
+    )
     kept = [row for row in every if filters.keeps(row)]
     pages = max(1, math.ceil(len(kept) / page_size))
     start = (page - 1) * page_size

@@ -124,6 +124,8 @@ def row_html(row: PartitionRow, task_order: Sequence[str]) -> str:
     if gate.champion_version:
         gate_cell += f" (v{escape(gate.champion_version)}{', same rows' if gate.same_rows else ''})"
     version = f"{_text(row.model_name)} v{escape(row.version)}" if row.version else MISSING
+    if row.aliases:
+        version += f'<div class="note">now: {escape(", ".join(row.aliases))}</div>'
     decision = (
         f'<span class="{"promoted" if row.decision == "promoted" else ""}">{escape(row.decision)}</span>'
     )

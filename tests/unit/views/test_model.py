@@ -171,3 +171,12 @@ def test_a_dag_without_registrations_says_so():
 def test_paging_outside_its_limits_is_refused():
     with pytest.raises(FilterError, match="page must be >= 1"):
         build_view("d", [], page=0)
+
+
+def test_each_row_says_which_aliases_its_version_holds_now():
+    runs = [run("2026-11-27", register=PROMOTING), run("2026-11-28", register=KEEPING)]
+    registry = Registry({MODEL: {"champion": "3", "challenger": "4"}})
+    rows = {row.version: row.aliases for row in build_view("d", runs, registry=registry).rows}
+    assert rows == {"3": ("champion",), "4": ("challenger",)}
+    down = build_view("d", runs, registry=Registry(error="down")).rows
+    assert all(row.aliases == () for row in down)  # unknown, not "none"

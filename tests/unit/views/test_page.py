@@ -50,7 +50,7 @@ def test_a_row_shows_every_column():
     assert len(row) == len(page.COLUMNS)
     partition, run_type, state, generation, rows, version, gate, decision, cost, walls, links = row
     assert partition.startswith("2026-11-28") and (run_type, state) == ("scheduled", "success")
-    assert (generation, rows, version) == ("g-2026-11-28-1", "20,000 / 20,000", f"{MODEL} v3")
+    assert (generation, rows, version) == ("g-2026-11-28-1", "20,000 / 20,000", f"{MODEL} v3 now: champion")
     assert gate == "test_accuracy 0.9300 / 0.9100 (v2)"
     assert decision == "promoted better than the champion" and cost == "100.0 / 0.0"
     assert "train 45s" in walls
