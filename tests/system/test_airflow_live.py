@@ -8,6 +8,8 @@ triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI 
 - the extra links of the manual run's tasks, opened from the UI in headless Chromium: the Ray
   dashboard's job page (after the token dialog a user meets once), the MLflow run and the model
   version, each served on 127.0.0.1 as ``make airflow`` serves them;
+- the DAG's Retraining tab (the plugin's view) over the manual run: through the API server with a
+  token, and in headless Chromium (a screenshot);
 - a backfill (``POST /api/v2/backfills``) of two historical dates, two runs at a time (the
   ``ray_spark`` pool widened to 2), raced by a manual run of one of them: every run trains on the
   generation its own preprocessing committed, which holds exactly the raw partition's rows; the
@@ -24,6 +26,7 @@ import json
 import os
 import shutil
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -349,3 +352,42 @@ def test_extra_links_open_the_ray_job_the_mlflow_run_and_the_model_version(
         version = follow("register", "MLflow Model Version")
         version.get_by_text(f"Version {result['version']}").first.wait_for()
         version.get_by_text(run.info.run_name).first.wait_for()  # its "Source Run"
+
+
+def test_the_retraining_tab_shows_the_manual_runs_version_decision_and_cost(api, manual_run, tmp_path):
+    """The Retraining view (the plugin's app, mounted by the running API server) with the REST API's
+    bearer token: the manual run's row carries its model version, the decision (challenger only) and
+    the CPU-seconds its Ray jobs reserved; the champion is MLflow's. Without a token: 401. Then the
+    DAG's Retraining tab in the UI, in headless Chromium, as a logged-in user sees it (screenshots of the
+    tab and of the view alone, ``retraining-tab.png`` and ``retraining-view.png``, in the test's tmp
+    folder; ``-o tmp_path_retention_policy=all`` keeps them after a pass). Reuses the manual run; starts none of its own."""
+    prefix = f"/emr-ray/retraining/api/dags/{DAG_ID}"
+    view = api.call("GET", f"{prefix}?page_size=100")
+    rows = {row["run_id"]: row for row in view["rows"]}
+    row = rows[manual_run["dag_run_id"]]
+    assert (row["state"], row["partition"], row["run_type"]) == ("success", WEAK, "manual"), row
+    assert row["version"] and row["decision"] == "challenger" and row["reason"], row
+    assert row["gate"]["metric"] == "test_accuracy" and row["gate"]["challenger"] is not None, row
+    assert row["cpu_seconds"] > 0 and {"preprocess", "train"} <= set(row["cpu_by_task"]), row
+    assert row["generation"] and row["rows_in"] > 0 and row["task_seconds"]["train"] > 0, row
+    assert {"Ray job (preprocess)", "Ray job (train)", "MLflow Model Version"} <= {
+        x["label"] for x in row["links"]
+    }
+    assert view["serving"]["source"] == "mlflow" and view["serving"]["version"], view["serving"]
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        urllib.request.urlopen(api.base + prefix, timeout=30)
+
+    with airflow_ui(api, tmp_path) as page:
+        page.goto(f"{api.base}/dags/{DAG_ID}/plugin/retraining")
+        frame = page.frame_locator("iframe").first
+        frame.get_by_text("Serving now:").wait_for()
+        frame.get_by_text(WEAK).first.wait_for()
+        page.set_viewport_size({"width": 1600, "height": 1200})
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(tmp_path / "retraining-tab.png"), full_page=True)
+        # Airflow's frame allows no popups: every link opens in the frame, none in a (blocked) new tab
+        assert frame.locator('a[target="_blank"]').count() == 0
+        page.goto(f"{api.base}/emr-ray/retraining/dags/{DAG_ID}")  # the view alone, with the UI's cookie
+        page.get_by_text("Serving now:").wait_for()
+        page.screenshot(path=str(tmp_path / "retraining-view.png"), full_page=True)
+    assert (tmp_path / "retraining-tab.png").stat().st_size > 10_000

@@ -263,7 +263,7 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
             raise self.auth_error(status, e) from e
 
     @contextmanager
-    def _fail_fast(self) -> Iterator[None]:
+    def fail_fast(self) -> Iterator[None]:
         """No retries and a 10 s timeout for MLflow's HTTP requests in the block (checks, not work)."""
         checks = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
         with _ENV_LOCK, mlflow_auth.scoped_environ(checks):
@@ -275,7 +275,7 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
 
         :raises MLflowAuthError: MLflow refuses this connection's credentials.
         """
-        with self._fail_fast(), self.credentials():
+        with self.fail_fast(), self.credentials():
             self.client.search_experiments(max_results=1)
 
     @cached_property

@@ -36,6 +36,8 @@ class _Host(Protocol):
 
     def credentials(self) -> AbstractContextManager[None]: ...
 
+    def fail_fast(self) -> AbstractContextManager[None]: ...
+
 
 class MLflowRegistryMixin:
     """Registered models, model versions and aliases, through the hook's client and credentials."""
@@ -105,6 +107,16 @@ class MLflowRegistryMixin:
         with self.credentials():
             aliases = self.client.get_registered_model(name).aliases or {}
         return {str(alias): str(version) for alias, version in aliases.items()}
+
+    def get_aliases_once(self: _Host, name: str) -> dict[str, str]:
+        """
+        :meth:`get_aliases` asked once, without retries and with a short timeout: for a page that must
+        answer even when MLflow does not.
+
+        :param name: registered model name.
+        """
+        with self.fail_fast():
+            return MLflowRegistryMixin.get_aliases(self, name)
 
     def aliases_of_version(self: _Host, name: str, version: str | int) -> list[str]:
         """

@@ -1,0 +1,106 @@
+"""The Retraining view's routes: a FastAPI app that Airflow's API server mounts (see
+:mod:`emr_ray.views.registration`), behind Airflow's own authentication and authorization.
+
+Each route asks Airflow's auth manager, through the API server's own dependencies
+(``requires_access_dag``, ``get_user``): a DAG's page and its JSON need read access to the DAG, its
+runs, task instances and XComs; the index lists only the retraining DAGs the user may read. The JWT
+comes as Airflow's UI sends it (its cookie, inside the UI's frame) or as a bearer token (the REST
+API's). Routes are sync: FastAPI runs them in its thread pool, so a slow MLflow never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import HTMLResponse
+
+from emr_ray.views import page, sources
+from emr_ray.views.model import (
+    MAX_PAGE_SIZE,
+    PAGE_SIZE,
+    FilterError,
+    Filters,
+    RetrainingView,
+    build_view,
+    task_kind,
+)
+from emr_ray.views.registration import DAG_VIEW_URL
+
+READ_DAG = [
+    Depends(requires_access_dag("GET")),
+    Depends(requires_access_dag("GET", DagAccessEntity.RUN)),
+    Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE)),
+    Depends(requires_access_dag("GET", DagAccessEntity.XCOM)),
+]
+
+
+#: the query parameters of a DAG's page and its JSON (module level: FastAPI resolves them by name)
+From = Annotated[str | None, Query(alias="from")]
+To = Annotated[str | None, Query(alias="to")]
+States = Annotated[list[str], Query(alias="state")]
+Decisions = Annotated[list[str], Query(alias="decision")]
+PageNumber = Annotated[int, Query(alias="page", ge=1)]
+PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
+
+
+def view_of(
+    session: Any,
+    dag_id: str,
+    start: str | None,
+    end: str | None,
+    state: list[str],
+    decision: list[str],
+    page_number: int,
+    page_size: int,
+    mlflow_conn_id: str = "mlflow_default",
+) -> RetrainingView:
+    """Read ``dag_id``'s runs and MLflow's aliases, and build the view; a bad filter is a 400."""
+    try:
+        filters = Filters.parse(start, end, state, decision)
+        runs = sources.read_runs(session, dag_id)
+        models = {
+            str(task.result["model_name"])
+            for run in runs
+            for task in run.tasks
+            if task_kind(task.result) == "register"
+        }
+        registry = sources.read_registry(models, mlflow_conn_id)
+        return build_view(dag_id, runs, filters, page_number, page_size, registry)
+    except FilterError as e:
+        raise HTTPException(status_code=400, detail=str(e)) from e
+
+
+def create_app() -> FastAPI:
+    """The app the plugin mounts at :data:`~emr_ray.views.registration.URL_PREFIX`."""
+    app = FastAPI(title="emr_ray: Retraining view", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/dags/{dag_id}", response_class=HTMLResponse, dependencies=READ_DAG)
+    def dag_page(
+        dag_id: str, session: SessionDep, start: From = None, end: To = None, state: States = [],  # noqa: B006
+        decision: Decisions = [], page_number: PageNumber = 1, page_size: PageSize = PAGE_SIZE,  # noqa: B006
+    ) -> HTMLResponse:  # fmt: skip
+        view = view_of(session, dag_id, start, end, state, decision, page_number, page_size)
+        return HTMLResponse(page.render(view))
+
+    @app.get("/api/dags/{dag_id}", dependencies=READ_DAG)
+    def dag_rows(
+        dag_id: str, session: SessionDep, start: From = None, end: To = None, state: States = [],  # noqa: B006
+        decision: Decisions = [], page_number: PageNumber = 1, page_size: PageSize = PAGE_SIZE,  # noqa: B006
+    ) -> dict[str, Any]:  # fmt: skip
+        view = view_of(session, dag_id, start, end, state, decision, page_number, page_size)
+        return jsonable_encoder(dataclasses.asdict(view))
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(user: GetUserDep, session: SessionDep) -> HTMLResponse:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        return HTMLResponse(page.index_html(sources.retraining_dag_ids(session, readable), DAG_VIEW_URL))
+
+    return app

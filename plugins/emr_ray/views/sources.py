@@ -1,0 +1,116 @@
+"""Records from where they already live: Airflow's metadata database and MLflow's registry.
+
+Runs, task instances and XComs are read with Airflow's own models in three queries per DAG (the
+API server's session); the champion alias through :class:`~emr_ray.hooks.mlflow.MLflowHook`, once
+per model and without retries, so a down MLflow costs the page a note, not a hang.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
+from emr_ray.links.ray import RayJobLink
+from emr_ray.views.records import Registry, RunRecord, TaskRecord
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+#: the most recent runs a page reads (a year of daily partitions, with room for reruns)
+MAX_RUNS = 1000
+RETRAINING_TAG = "retraining"
+#: the XCom key each extra link stores its URL under -> the link's name
+LINK_KEYS = {link().xcom_key: link.name for link in (RayJobLink, MLflowRunLink, MLflowModelVersionLink)}
+
+
+def read_runs(session: Session, dag_id: str, limit: int = MAX_RUNS) -> list[RunRecord]:
+    """The ``limit`` latest runs of ``dag_id`` (by ``run_after``) with their tasks' states, wall
+    times, returned XComs and stored links; tasks in the order they started."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.models.xcom import XComModel as X
+    from sqlalchemy import or_, select
+
+    runs = session.scalars(
+        select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.run_after.desc()).limit(limit)
+    ).all()
+    if not runs:
+        return []
+    run_ids = [run.run_id for run in runs]
+    tis = session.execute(
+        select(TI.run_id, TI.task_id, TI.map_index, TI.state, TI.duration, TI.start_date)
+        .where(TI.dag_id == dag_id, TI.run_id.in_(run_ids))
+        .order_by(TI.start_date.is_(None), TI.start_date, TI.task_id, TI.map_index)
+    ).all()
+    xcoms = session.execute(
+        select(X.run_id, X.task_id, X.map_index, X.key, X.value).where(
+            X.dag_id == dag_id, X.run_id.in_(run_ids),
+            or_(X.key == "return_value", X.key.in_(list(LINK_KEYS))),
+        )
+    ).all()  # fmt: skip
+    values: dict[tuple[str, str, int], dict[str, Any]] = defaultdict(dict)
+    for row in xcoms:
+        values[(row.run_id, row.task_id, row.map_index)][row.key] = X.deserialize_value(row)
+    tasks: dict[str, list[TaskRecord]] = defaultdict(list)
+    for ti in tis:
+        stored = values.get((ti.run_id, ti.task_id, ti.map_index), {})
+        tasks[ti.run_id].append(
+            TaskRecord(
+                task_id=ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]",
+                state=None if ti.state is None else str(ti.state),
+                seconds=ti.duration,
+                result=stored.get("return_value"),
+                links={LINK_KEYS[k]: str(v) for k, v in stored.items() if k in LINK_KEYS and v},
+            )
+        )
+    return [
+        RunRecord(
+            dag_id=dag_id,
+            run_id=run.run_id,
+            run_type=str(run.run_type),
+            state=None if run.state is None else str(run.state),
+            logical_date=run.logical_date,
+            run_after=run.run_after,
+            conf=run.conf or {},
+            tasks=tuple(tasks.get(run.run_id, ())),
+        )
+        for run in runs
+    ]
+
+
+def retraining_dag_ids(session: Session, readable: set[str] | None = None) -> list[str]:
+    """The active DAGs tagged ``retraining``, sorted; only those in ``readable`` when given."""
+    from airflow.models.dag import DagModel, DagTag
+    from sqlalchemy import select
+
+    query = (
+        select(DagModel.dag_id)
+        .join(DagTag, DagTag.dag_id == DagModel.dag_id)
+        .where(DagTag.name == RETRAINING_TAG, DagModel.is_stale.is_(False))
+        .order_by(DagModel.dag_id)
+    )
+    return [d for d in session.scalars(query).all() if readable is None or d in readable]
+
+
+def read_registry(model_names: Iterable[str], mlflow_conn_id: str = "mlflow_default") -> Registry:
+    """The aliases of each model as MLflow has them now, and each champion's UI URL; on any failure
+    (no connection, MLflow down, refused) a Registry that says why."""
+    names = sorted(set(model_names))
+    if not names:
+        return Registry()
+    try:
+        from emr_ray.hooks.mlflow import MLflowHook
+
+        hook = MLflowHook(mlflow_conn_id)
+        aliases = {name: hook.get_aliases_once(name) for name in names}
+        urls = {
+            f"{name}/{version}": url
+            for name, found in aliases.items()
+            for version in found.values()
+            if (url := hook.model_version_url(name, version))
+        }
+    except Exception as e:  # a page shows what MLflow could not say; it never fails for it
+        return Registry(error=f"{type(e).__name__}: {str(e)[:200]}")
+    return Registry(aliases=aliases, version_urls=urls)

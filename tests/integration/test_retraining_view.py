@@ -1,0 +1,194 @@
+"""The Retraining view inside Airflow's own API app (``create_app``, the plugin loaded from plugins/
+as the API server loads it), reading runs that real ``dag.test()`` runs left in the metadata
+database, behind Airflow's real authentication.
+
+The DAG's tasks return what the provider's operators return (preprocessing, training with
+``usage``, registration) and store their extra links, so the view reads exactly the XComs a
+retraining DAG leaves, without a Ray cluster. The auth manager is Airflow's SimpleAuthManager with
+one DAG hidden from one user: the user who may not read the DAG gets a 403 for its page and does not
+see it listed. MLflow is unreachable here (a closed port): the page still answers, saying so; the
+view against a live MLflow is ``tests/system/test_airflow_live.py``'s.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pendulum
+import pytest
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+from emr_ray.views.registration import URL_PREFIX
+from tests.fixtures.dag_files import load_dag_file
+
+pytestmark = pytest.mark.integration
+DAG_ID = "view_retrain"
+OUTSIDER = "outsider"
+
+_DAG_FILE = """
+import pendulum
+from airflow.sdk import DAG, get_current_context, task
+
+from emr_ray.links.mlflow import MLflowModelVersionLink
+from emr_ray.links.ray import RayJobLink
+from tests.fixtures.retraining_runs import preprocess_result, register_result, train_result
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), tags=["retraining"]) as dag:
+
+    @task
+    def preprocess():
+        context = get_current_context()
+        RayJobLink.persist(context, "http://127.0.0.1:8265/#/jobs/pre-" + context["ds"])
+        return preprocess_result(context["ds"], rows_in=1000)
+
+    @task
+    def train():
+        RayJobLink.persist(get_current_context(), "http://127.0.0.1:8265/#/jobs/train")
+        return train_result("r", cpu=12.5)
+
+    @task
+    def register():
+        conf = get_current_context()["dag_run"].conf
+        if conf.get("fail"):
+            raise RuntimeError("MLflow refused the registration")
+        MLflowModelVersionLink.persist(get_current_context(), "http://mlflow/#/models/m/versions/" + conf["version"])
+        return register_result(conf["version"], conf["promoted"], conf["value"], conf["champion"], conf["champion_version"])
+
+    preprocess() >> train() >> register()
+"""
+
+
+class HiddenDagAuthManager(SimpleAuthManager):
+    """Airflow's SimpleAuthManager, except that the user ``outsider`` may not read ``view_retrain``."""
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        if user.get_name() == OUTSIDER and details is not None and details.id == DAG_ID:
+            return False
+        return super().is_authorized_dag(
+            method=method, user=user, access_entity=access_entity, details=details
+        )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list:
+    """Three runs of a retraining DAG: a promotion, a challenger only, a failed registration."""
+    from airflow import settings
+
+    folder = tmp_path_factory.mktemp("dags")
+    confs = {
+        "2026-11-26": {
+            "version": "1",
+            "promoted": True,
+            "value": 0.91,
+            "champion": None,
+            "champion_version": None,
+        },
+        "2026-11-27": {
+            "version": "2",
+            "promoted": False,
+            "value": 0.89,
+            "champion": 0.91,
+            "champion_version": "1",
+        },
+        "2026-11-28": {"fail": True},
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settings, "DAGS_FOLDER", str(folder))
+        module = load_dag_file(folder, DAG_ID, textwrap.dedent(_DAG_FILE.format(dag_id=DAG_ID)), patch)
+        return [
+            module.dag.test(logical_date=pendulum.parse(day), run_conf=conf) for day, conf in confs.items()
+        ]
+
+
+@pytest.fixture(scope="module")
+def airflow_app(runs):
+    """Airflow's API app as the API server builds it, with the test's auth manager and users."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AIRFLOW__CORE__AUTH_MANAGER", f"{__name__}.{HiddenDagAuthManager.__name__}")
+        env.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", f"admin:admin,{OUTSIDER}:viewer")
+        env.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-only-secret")
+        env.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", '{"conn_type": "mlflow", "host": "http://127.0.0.1:9"}')
+        from airflow.api_fastapi.app import create_app, get_auth_manager, purge_cached_app
+
+        purge_cached_app()
+        app = create_app("core")
+        yield app, get_auth_manager()
+        purge_cached_app()
+
+
+def client_as(airflow_app, username: str | None):
+    from fastapi.testclient import TestClient
+
+    app, auth_manager = airflow_app
+    headers = {}
+    if username:
+        user = SimpleAuthManagerUser(username=username, role="admin" if username == "admin" else "viewer")
+        headers["Authorization"] = f"Bearer {auth_manager.generate_jwt(user)}"
+    return TestClient(app, headers=headers)
+
+
+def test_the_view_lists_each_partition_run_from_airflows_metadata(airflow_app):
+    answer = client_as(airflow_app, "admin").get(f"{URL_PREFIX}/api/dags/{DAG_ID}")
+    assert answer.status_code == 200, answer.text
+    view = answer.json()
+    rows = {row["partition"]: row for row in view["rows"]}
+    assert list(rows) == ["2026-11-28", "2026-11-27", "2026-11-26"]  # newest first
+    first, second, failed = rows["2026-11-26"], rows["2026-11-27"], rows["2026-11-28"]
+    assert (first["version"], first["decision"], second["version"], second["decision"]) == (
+        "1", "promoted", "2", "challenger",
+    )  # fmt: skip
+    assert (second["gate"]["challenger"], second["gate"]["champion"]) == (0.89, 0.91)
+    assert first["cpu_by_task"] == {"preprocess": 40.0, "train": 12.5} and first["rows_in"] == 1000
+    assert first["run_type"] == "manual" and first["task_seconds"]["train"] is not None
+    assert {link["label"] for link in first["links"]} == {
+        "Ray job (preprocess)",
+        "Ray job (train)",
+        "MLflow Model Version",
+    }
+    assert (failed["state"], failed["decision"], failed["notes"]) == (
+        "failed",
+        "none",
+        ["no registration result"],
+    )
+    serving = view["serving"]
+    assert (serving["version"], serving["source"]) == ("1", "runs") and "MLflow unavailable" in serving[
+        "note"
+    ]
+
+
+def test_the_page_renders_with_mlflow_down(airflow_app):
+    answer = client_as(airflow_app, "admin").get(
+        f"{URL_PREFIX}/dags/{DAG_ID}", params={"decision": "promoted"}
+    )
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/html")
+    assert "Serving now:" in answer.text and "MLflow unavailable" in answer.text
+    assert "1 partition-runs, page 1 of 1" in answer.text and answer.text.count("<svg") == 3
+
+
+def test_without_a_token_nothing_is_shown(airflow_app):
+    for path in (f"/dags/{DAG_ID}", f"/api/dags/{DAG_ID}", "/"):
+        assert client_as(airflow_app, None).get(URL_PREFIX + path).status_code == 401
+
+
+def test_a_user_who_may_not_read_the_dag_cannot_read_its_page(airflow_app):
+    outsider = client_as(airflow_app, OUTSIDER)
+    assert outsider.get(f"{URL_PREFIX}/dags/{DAG_ID}").status_code == 403
+    assert outsider.get(f"{URL_PREFIX}/api/dags/{DAG_ID}").status_code == 403
+    assert DAG_ID not in outsider.get(f"{URL_PREFIX}/").text
+    assert f'href="{URL_PREFIX}/dags/{DAG_ID}"' in client_as(airflow_app, "admin").get(f"{URL_PREFIX}/").text
+
+
+def test_a_bad_filter_is_a_400_that_says_the_fix(airflow_app):
+    answer = client_as(airflow_app, "admin").get(
+        f"{URL_PREFIX}/api/dags/{DAG_ID}", params={"from": "yesterday"}
+    )
+    assert answer.status_code == 400 and "give a date as YYYY-MM-DD" in answer.json()["detail"]
+
+
+def test_airflow_lists_the_tab_and_the_nav_entry(airflow_app):
+    plugins = client_as(airflow_app, "admin").get("/api/v2/plugins").json()["plugins"]
+    (ours,) = [p for p in plugins if p["name"] == "emr_ray"]
+    views = {(v["destination"], v["href"]) for v in ours["external_views"]}
+    assert views == {("dag", f"{URL_PREFIX}/dags/{{DAG_ID}}"), ("nav", f"{URL_PREFIX}/")}
+    assert ours["fastapi_apps"][0]["url_prefix"] == URL_PREFIX

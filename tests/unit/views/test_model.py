@@ -1,0 +1,182 @@
+"""The Retraining view's model (``emr_ray.views.model``): one row per partition-run from what the
+operators returned, filters, newest first, paging, and the champion now, on plain records."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from emr_ray.views.model import (
+    CHALLENGER,
+    NO_DECISION,
+    NOT_REGISTERED,
+    PROMOTED,
+    FilterError,
+    Filters,
+    build_view,
+    partition_row,
+    task_kind,
+)
+from emr_ray.views.records import Registry, RunRecord
+from tests.fixtures.retraining_runs import MODEL, register_result, run, synthetic_runs
+
+PROMOTING = register_result("3", True, 0.93, 0.91, "2")
+KEEPING = register_result("4", False, 0.90, 0.93, "3")
+
+
+def test_a_row_holds_what_each_task_returned():
+    row = partition_row(run("2026-11-28", register=PROMOTING))
+    assert (row.partition, row.run_type, row.state) == ("2026-11-28", "scheduled", "success")
+    assert (row.generation, row.rows_in, row.rows_out) == ("g-2026-11-28-1", 20000, 20000)
+    assert (row.model_name, row.version, row.decision) == (MODEL, "3", PROMOTED)
+    assert (row.gate.metric, row.gate.challenger, row.gate.champion, row.gate.champion_version) == (
+        "test_accuracy", 0.93, 0.91, "2",
+    )  # fmt: skip
+    assert row.reason == "better than the champion"
+    assert row.cpu_by_task == {"preprocess": 40.0, "train": 60.0}
+    assert (row.cpu_seconds, row.gpu_seconds) == (100.0, 0.0)
+    assert row.task_seconds["train"] == 45.0 and list(row.task_seconds)[0] == "wait_for_partition"
+    assert [link.label for link in row.links] == [
+        "Ray job (preprocess)", "Ray job (train)", "MLflow Run", "MLflow Model Version",
+    ]  # fmt: skip
+    assert row.notes == ()
+
+
+def test_tasks_are_recognised_by_what_they_returned_not_by_their_ids():
+    assert task_kind(PROMOTING) == "register"
+    assert task_kind({"mlflow_run_id": "x", "final_metrics": {}}) == "train"
+    assert task_kind({"generation": "g", "rows_in": 1}) == "preprocess"
+    assert (
+        task_kind({"ray_version": "2.60"}) is None and task_kind("text") is None and task_kind(None) is None
+    )
+
+
+def test_the_gate_shows_both_models_on_the_same_rows_when_the_training_scored_the_champion():
+    same = register_result("5", False, 0.95, 0.97, "3") | {
+        "same_rows": True,
+        "comparison": {
+            "champion_version": "3",
+            "rows": 4000,
+            "challenger_value": 0.90,
+            "champion_value": 0.92,
+        },
+    }
+    gate = partition_row(run("2026-11-29", register=same)).gate
+    assert (gate.challenger, gate.champion, gate.same_rows) == (0.90, 0.92, True)
+
+
+@pytest.mark.parametrize(
+    ("register", "decision"),
+    [(PROMOTING, PROMOTED), (KEEPING, CHALLENGER), (register_result(None, False, 0.8, 0.9, "3"), NOT_REGISTERED),
+     (None, NO_DECISION)],
+)  # fmt: skip
+def test_each_outcome_of_the_registration_is_a_decision(register, decision):
+    assert partition_row(run("2026-11-28", register=register)).decision == decision
+
+
+def test_what_is_missing_is_none_with_a_note_never_an_error():
+    failed = run("2026-11-28", state="failed", register=None, train_cpu=None)
+    row = partition_row(failed)
+    assert (row.version, row.gate.challenger, row.reason) == (None, None, None)
+    assert row.cpu_by_task == {"preprocess": 40.0}
+    assert row.notes == ("train: no usage recorded", "no registration result")
+    bare = partition_row(RunRecord("d", "manual__x", "manual", "queued"))
+    assert (bare.partition, bare.cpu_seconds, bare.rows_in, bare.notes) == (None, None, None, ())
+
+
+def test_the_partition_is_the_preprocessings_else_the_param_else_the_logical_date():
+    base = run("2026-11-28", run_type="manual", register=KEEPING)
+    assert partition_row(base).partition == "2026-11-28"
+    tasks = tuple(t for t in base.tasks if t.task_id != "preprocess")
+    param = dataclasses.replace(base, tasks=tasks, conf={"partition": "2026-11-20"})
+    assert partition_row(param).partition == "2026-11-20"
+    no_date = dataclasses.replace(base, tasks=tasks, logical_date=None)
+    assert partition_row(no_date).partition == "2026-11-28"  # run_after (the next day) less one day
+
+
+def test_run_types_are_named_as_a_user_says_them():
+    types = {partition_row(run("2026-11-28", run_type=t)).run_type for t in ("asset_triggered", "backfill")}
+    assert types == {"asset", "backfill"}
+
+
+def test_newest_partition_first_and_paged():
+    view = build_view("d", synthetic_runs(30), page=2, page_size=10)
+    assert (view.total, view.pages, view.page) == (30, 3, 2)
+    assert [row.partition for row in view.rows][:2] == ["2026-01-20", "2026-01-19"]
+    assert view.chronological[0].partition == "2026-01-01" and len(view.chronological) == 30
+    assert view.task_order == ("wait_for_partition", "check_cluster", "preprocess", "train", "register")
+
+
+def test_filters_by_date_range_state_and_decision():
+    runs = [*synthetic_runs(10), run("2026-01-05", state="failed", register=None, run_id="manual__again")]
+    dated = build_view("d", runs, Filters.parse("2026-01-03", "2026-01-05"))
+    assert sorted({row.partition for row in dated.rows}) == ["2026-01-03", "2026-01-04", "2026-01-05"]
+    assert dated.total == 4
+    failed = build_view("d", runs, Filters.parse(states=["failed"]))
+    assert [row.run_id for row in failed.rows] == ["manual__again"]
+    promoted = build_view("d", runs, Filters.parse(decisions=[PROMOTED]))
+    assert promoted.total > 0 and all(row.decision == PROMOTED for row in promoted.rows)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"start": "2026-13-01"}, "from='2026-13-01': give a date as YYYY-MM-DD"),
+     ({"decisions": ["won"]}, r"decision \['won'\]: choose from")],
+)  # fmt: skip
+def test_a_bad_filter_says_what_is_accepted(kwargs, match):
+    with pytest.raises(FilterError, match=match):
+        Filters.parse(**kwargs)
+
+
+def test_the_champion_now_comes_from_mlflow_with_the_run_that_promoted_it():
+    runs = [run("2026-11-27", register=PROMOTING), run("2026-11-28", register=KEEPING)]
+    registry = Registry({MODEL: {"champion": "3", "challenger": "4"}}, {f"{MODEL}/3": "http://mlflow/v3"})
+    serving = build_view("d", runs, registry=registry).serving
+    assert (serving.version, serving.source, serving.partition, serving.url) == (
+        "3",
+        "mlflow",
+        "2026-11-27",
+        "http://mlflow/v3",
+    )
+    assert serving.promoted_by == runs[0].run_id and serving.reason == "better than the champion"
+    assert serving.note is None
+
+
+def test_a_champion_set_outside_the_runs_is_shown_and_said():
+    serving = build_view(
+        "d", [run("2026-11-27", register=PROMOTING)], registry=Registry({MODEL: {"champion": "9"}})
+    ).serving
+    assert (serving.version, serving.promoted_by, serving.note) == (
+        "9",
+        None,
+        "promoted outside this DAG's recorded runs",
+    )
+
+
+def test_with_mlflow_down_the_champion_is_the_last_promotion_the_runs_recorded():
+    runs = [run("2026-11-27", register=PROMOTING), run("2026-11-28", register=KEEPING)]
+    serving = build_view("d", runs, registry=Registry(error="ConnectionError: refused")).serving
+    assert (serving.version, serving.source) == ("3", "runs")
+    assert (
+        serving.note
+        == "MLflow unavailable (ConnectionError: refused): the champion as this DAG's last promotion left it"
+    )
+
+
+def test_a_dag_without_registrations_says_so():
+    assert build_view("d", []).serving.note == "no run of this DAG has registered a model yet"
+
+
+def test_paging_outside_its_limits_is_refused():
+    with pytest.raises(FilterError, match="page must be >= 1"):
+        build_view("d", [], page=0)
+
+
+def test_each_row_says_which_aliases_its_version_holds_now():
+    runs = [run("2026-11-27", register=PROMOTING), run("2026-11-28", register=KEEPING)]
+    registry = Registry({MODEL: {"champion": "3", "challenger": "4"}})
+    rows = {row.version: row.aliases for row in build_view("d", runs, registry=registry).rows}
+    assert rows == {"3": ("champion",), "4": ("challenger",)}
+    down = build_view("d", runs, registry=Registry(error="down")).rows
+    assert all(row.aliases == () for row in down)  # unknown, not "none"
