@@ -73,6 +73,12 @@ class BackgroundUploads:
 
         self._pending.append(self._pool.submit(store))
 
+    def settle(self, timeout_s: float) -> None:
+        """Wait, at most ``timeout_s``, for the uploads submitted so far (their reports published)."""
+        from concurrent.futures import wait
+
+        wait(self._pending, timeout=timeout_s)
+
     def finish(self, raise_failed: bool = True) -> None:
         self._pool.shutdown(wait=True)
         if raise_failed:

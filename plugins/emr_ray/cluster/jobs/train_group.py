@@ -51,6 +51,8 @@ NAME_PREFIX = warm.POOLS[NAMESPACE]
 ABANDONED_WAIT_S = LEASE_TIMEOUT_S + 30.0
 #: how long a new group waits for its workers' resources before it gives up
 PLACEMENT_TIMEOUT_S = 300.0
+#: how long a failed call waits for rank 0's checkpoint uploads to finish
+SETTLE_S = 60.0
 
 
 class GroupFailed(RuntimeError):
@@ -89,6 +91,9 @@ class TrainWorker:
         self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray sets the visible GPU
         self.reports: list[dict[str, Any]] = []
         self.call = ""  # the running call's id: reports are read by call, never another job's
+        self.uploads: Any = (
+            None  # the running call's checkpoint uploads (train_checkpoints.BackgroundUploads)
+        )
         self._login = threading.Lock()  # one call's MLflow login in the environment at a time
 
     def address(self) -> tuple[str, int]:
@@ -123,7 +128,7 @@ class TrainWorker:
         self.call, self.reports = call, []
         fsys, run_path = storage.resolve(run_uri, options)
         lines = warm.CallLog.attach()
-        uploads = train_checkpoints.BackgroundUploads(fsys, run_path)
+        uploads = self.uploads = train_checkpoints.BackgroundUploads(fsys, run_path)
 
         def report(metrics: dict[str, Any], directory: str | None) -> None:
             """Off the training step's path: the checkpoint is stored (and the report published) in
@@ -196,6 +201,14 @@ class TrainWorker:
     def reports_since(self, call: str, seen: int) -> list[dict[str, Any]]:
         """This call's reports after the first ``seen`` (none while an earlier call's are still held)."""
         return self.reports[seen:] if call == self.call else []
+
+    def settle(self, call: str, seen: int, timeout_s: float) -> list[dict[str, Any]]:
+        """After another worker failed: this call's checkpoint uploads finished (at most ``timeout_s``),
+        and the reports after the first ``seen``. Every epoch stored whole is reported, so the job
+        logs it before it restarts in a fresh group (which resumes from that checkpoint)."""
+        if call == self.call and self.uploads is not None:
+            self.uploads.settle(timeout_s)
+        return self.reports_since(call, seen)
 
 
 def remote_worker() -> Any:
@@ -315,6 +328,20 @@ class GroupCall:
             self.group.retire()
             raise lost(f"Warm worker group {self.group.name}: {what}: {e}") from e
 
+    def _settle(self, call: str, seen: int, on_report: Callable[[dict[str, Any]], None]) -> None:
+        """The reports of checkpoints rank 0 stored before the failure (their uploads run beside the
+        loop), when rank 0 still answers; a dead rank 0's are left to the next group's start, which
+        logs the run's stored epochs that MLflow lacks (``train_mlflow.begin_run``)."""
+        import ray
+
+        try:
+            late = ray.get(self.rank0.settle.options(concurrency_group="control").remote(call, seen, SETTLE_S),
+                           timeout=SETTLE_S + 30)  # fmt: skip
+        except Exception:  # rank 0 is gone, or hung in a collective beyond the bound
+            return
+        for report in late:
+            on_report(report)
+
     def loop(self, train_loop: str, config: dict[str, Any], options: Any, run_uri: str, resume: str | None,
              on_report: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
         """Run ``train_loop`` on every worker; ``on_report`` gets rank 0's reports as they come."""
@@ -331,6 +358,7 @@ class GroupCall:
                     self.rank0.reports_since.options(concurrency_group="control").remote(call, seen)
                 )
             except Exception as e:
+                self._settle(call, seen, on_report)
                 raise GroupFailed(f"Warm worker group {self.group.name}: a worker failed: {e}") from e
             seen += len(reports)
             for report in reports:

@@ -79,6 +79,7 @@ class WarmTrainer:
         self.login = mlflow_auth.credentials()  # the job's MLflow login, passed with each rank-0 step
         self._step: Callable[..., Any] | None = None
         self._began = 0.0
+        self._restarted = False  # a group failed: the next one starts by logging what MLflow lacks
 
     def fit(self) -> WarmFitResult:
         spec = self.spec
@@ -96,6 +97,7 @@ class WarmTrainer:
                 break
             except train_group.GroupFailed as e:
                 failures += 1
+                self._restarted = True
                 if spec.failure.max_failures != -1 and failures > spec.failure.max_failures:
                     raise
                 log.warning("%s; restarting from the latest checkpoint in a fresh group (failure %d of %s)",
@@ -127,6 +129,12 @@ class WarmTrainer:
             if self.resume_run_id:
                 log.info("Resuming MLflow run %s", self.mlflow_run_id)
             self.on_run_started(self.mlflow_run_id)
+        elif self._restarted:  # epochs the failed group stored but could not report reach MLflow now
+            step(
+                BEGIN,
+                {"spec": self.spec, "options": self.options, "resume_run_id": self.mlflow_run_id},
+                self.login,
+            )
 
     def _finish(self, run_on_rank0) -> dict[str, Any]:
         """Within the lease, once the loop is done: keep the run's checkpoints by score, then rank 0
