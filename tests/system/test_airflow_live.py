@@ -63,6 +63,11 @@ def test_manual_run_with_parameters_registers_a_challenger_only(api, manual_run,
     versions = {v.tags.get("airflow.run_id"): v for v in client.search_model_versions("name='tabular-mlp'")}
     weak = versions["manual-params"]
     assert weak.tags["partition"] == WEAK
+    # its receipt: each Ray task's seconds, the code and libraries the cluster ran, the inputs
+    tasks = json.loads(weak.tags["receipt.tasks"])
+    assert {"preprocess", "train"} <= set(tasks) and float(weak.tags["receipt.cpu_seconds"]) > 0
+    assert weak.tags["receipt.code_version"] and "ray=" in weak.tags["receipt.versions"]
+    assert len(weak.tags["receipt.inputs"]) >= 16 and "receipt.cost" not in weak.tags  # no price table set
     run_data = client.get_run(weak.run_id).data
     assert run_data.params["epochs"] == "1" and run_data.params["lr"] == "1e-05"
     champion = client.get_model_version_by_alias("tabular-mlp", "champion")

@@ -135,6 +135,11 @@ class MLflowRegisterOperator(BaseOperator):
     mlflow_promotion 1 ...``): two promotions of one model are then one after the other, and the
     second decides against the first's result.
 
+    Each new version carries a receipt (:mod:`emr_ray.receipt`, ``receipt.*`` tags): the CPU- and
+    GPU-seconds of every upstream task (with its share of warm pools' idle time), their cost by the
+    ``emr_ray_prices`` Variable when it is set, the code version and libraries the cluster ran, and
+    the training's input fingerprint.
+
     Lineage (with Airflow's OpenLineage provider): the run's model (``runs:/<run id>/<artifact_path>``)
     in, the model version (``models:/<name>/<version>``) out, tagged with its aliases and the decision
     (:func:`emr_ray.lineage.register_lineage`).
@@ -504,8 +509,29 @@ class MLflowRegisterOperator(BaseOperator):
         map_index = getattr(ti, "map_index", -1)
         if map_index is not None and map_index >= 0:
             tags[TAG_MAP_INDEX] = str(map_index)
+        tags.update(self._receipt(context))
         tags.update({str(k): str(v) for k, v in (self.version_tags or {}).items()})
         return tags
+
+    def _receipt(self, context: Context) -> dict[str, str]:
+        """The version's receipt (:mod:`emr_ray.receipt`): what the upstream tasks returned (their
+        usage, the code and libraries the cluster ran, the input fingerprint), priced by the
+        ``emr_ray_prices`` Variable when it is set. Never fails the registration."""
+        from emr_ray import receipt
+
+        try:
+            ti = context["ti"]
+            upstream = sorted(self.get_flat_relative_ids(upstream=True))
+            results = {task_id: ti.xcom_pull(task_ids=task_id) for task_id in upstream}
+            from airflow.sdk import Variable
+
+            prices, problem = receipt.parse_prices(Variable.get(receipt.PRICES_VARIABLE, default=None))
+            if problem:
+                self.log.warning("%s", problem)
+            return receipt.tags(results, prices)
+        except Exception as e:  # the receipt is a record, not a condition of registering
+            self.log.warning("No receipt on this version (%s: %s)", type(e).__name__, e)
+            return {}
 
     def _result(
         self,

@@ -85,3 +85,20 @@ def _package_dir(name: str) -> str | None:
 def code_origin() -> dict[str, str | None]:
     """The folders ``emr_ray`` and ``include`` are (or would be) imported from in this process."""
     return {name: _package_dir(name) for name in sorted(PROJECT_PACKAGES)}
+
+
+#: the libraries a model version's receipt names (``emr_ray.receipt``), as installed where the job ran
+LIBRARIES = ("ray", "pyspark", "raydp", "torch", "mlflow", "pyarrow")
+
+
+def library_versions() -> dict[str, str]:
+    """Python and the installed versions of :data:`LIBRARIES` (from their metadata: nothing imported)."""
+    from importlib import metadata
+
+    found = {"python": sys.version.split()[0]}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found

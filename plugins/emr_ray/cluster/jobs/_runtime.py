@@ -18,7 +18,7 @@ from typing import Any
 
 from emr_ray.cluster import mlflow_auth, secrets, storage
 from emr_ray.cluster.jobs import _usage
-from emr_ray.cluster.jobs._code import code_origin, explain_import_error
+from emr_ray.cluster.jobs._code import code_origin, explain_import_error, library_versions
 from emr_ray.cluster.spec import ERROR_MARKER, RESULT_MARKER, SpecPart, decode_spec
 
 log = logging.getLogger("emr_ray.cluster.jobs")
@@ -75,7 +75,11 @@ def main(
         refused = storage.refused_credentials(e)  # COS refusing the keys: no retry can fix it
         _fail(refused or e, code=INPUT_ERROR_EXIT_CODE if refused else 1)
     if spec_type is not None and isinstance(result, dict):  # the Spark and training jobs
+        from emr_ray.cluster.reuse import code_version
+
         result["code_origin"] = code_origin()
+        result["code_version"] = code_version()  # with versions: what a model version's receipt names
+        result["versions"] = library_versions()
     if isinstance(result, dict):
         result["usage"] = _usage.report()  # never raises
         if after is not None:

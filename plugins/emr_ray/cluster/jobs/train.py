@@ -371,6 +371,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
     fitted = fit_and_log(trainer, spec, plan, options, mlflow_run_id)
     _usage.lap("log", fit=fitted.seconds)  # fit: worker group start + epochs (their seconds: epoch metrics)
     output = result_of(spec, fitted, state["mlflow_run_id"], rows)
+    output["inputs_fingerprint"] = print_key  # the inputs its checkpoints carry (a version's receipt)
     if getattr(fitted.result, "group", None):
         output["worker_group"] = fitted.result.group
     run_state.write(state | {"result": output})
