@@ -71,6 +71,8 @@ def view_of(
             if task_kind(task.result) == "register"
         }
         registry = sources.read_registry(models, mlflow_conn_id)
+        progress = sources.read_progress(dag_id, runs, mlflow_conn_id)
+        registry = dataclasses.replace(registry, progress=progress) if progress else registry
         return build_view(dag_id, runs, filters, page_number, page_size, registry)
     except FilterError as e:
         raise HTTPException(status_code=400, detail=str(e)) from e

@@ -124,6 +124,7 @@ class PartitionRow:
     links: tuple[Link, ...] = ()
     notes: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # what MLflow's aliases say of this version now (champion, challenger)
+    progress: str | None = None  # a running training's epoch and latest metrics, as MLflow has them now
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,10 @@ def newest_first(row: PartitionRow) -> tuple[str, float]:
 
 
 def with_aliases(row: PartitionRow, registry: Registry | None) -> PartitionRow:
-    """``row`` with the aliases its version holds in MLflow now (none when MLflow did not answer)."""
+    """``row`` with the aliases its version holds in MLflow now (none when MLflow did not answer), and
+    its training's progress while it runs."""
+    if registry is not None and registry.progress.get(row.run_id):
+        row = dataclasses.replace(row, progress=registry.progress[row.run_id])
     if registry is None or registry.error or row.model_name is None or row.version is None:
         return row
     held = (registry.aliases.get(row.model_name) or {}).items()

@@ -142,7 +142,8 @@ def row_html(row: PartitionRow, task_order: Sequence[str]) -> str:
     cells = [
         f'<b>{_text(row.partition)}</b><div class="note" title="{escape(row.run_id)}">{escape(started)}</div>{notes}',
         escape(row.run_type),
-        f'<span class="{"failed" if row.state == "failed" else ""}">{_text(row.state)}</span>',
+        f'<span class="{"failed" if row.state == "failed" else ""}">{_text(row.state)}</span>'
+        + (f'<div class="note">{escape(row.progress)}</div>' if row.progress else ""),
         f"<code>{_text(row.generation)}</code>",
         f"{_number(row.rows_in)} / {_number(row.rows_out)}",
         version,
@@ -155,6 +156,10 @@ def row_html(row: PartitionRow, task_order: Sequence[str]) -> str:
     return "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
 
 
+#: a page with a run still going reloads itself, so a training's progress moves on screen
+REFRESH = '<meta http-equiv="refresh" content="15">'
+
+
 def render(view: RetrainingView) -> str:
     """The whole page of ``view``."""
     head = "".join(f"<th>{escape(c)}</th>" for c in COLUMNS)
@@ -164,6 +169,7 @@ def render(view: RetrainingView) -> str:
     rows = view.chronological
     return (
         f'<!doctype html><html><head><meta charset="utf-8"><title>Retraining: {escape(view.dag_id)}</title>'
+        f"{REFRESH if any(row.state in ('running', 'queued') for row in view.rows) else ''}"
         f"<style>{STYLE}</style></head><body>"
         f"<h1>Retraining: {escape(view.dag_id)}</h1>"
         f"{serving_html(view.serving)}{filters_html(view.filters)}"

@@ -50,3 +50,5 @@ class Registry:
     aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     version_urls: Mapping[str, str] = field(default_factory=dict)  # "<model>/<version>" -> UI URL
     error: str | None = None
+    #: run id -> a running training's progress as MLflow has it now ("epoch 2 of 5, test_loss 0.3124")
+    progress: Mapping[str, str] = field(default_factory=dict)

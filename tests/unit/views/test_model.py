@@ -180,3 +180,36 @@ def test_each_row_says_which_aliases_its_version_holds_now():
     assert rows == {"3": ("champion",), "4": ("challenger",)}
     down = build_view("d", runs, registry=Registry(error="down")).rows
     assert all(row.aliases == () for row in down)  # unknown, not "none"
+
+
+def test_a_running_training_shows_its_epoch_and_latest_metrics_as_mlflow_has_them(tmp_path, monkeypatch):
+    """A run still training: MLflow's run for the task (found by the name every try gives it) says how
+    far it got; the row shows it and the page reloads itself while a run is going."""
+    import mlflow
+
+    from emr_ray.identity import TaskIdentity
+    from emr_ray.views import page, sources
+    from emr_ray.views.records import TaskRecord
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_VIEW", f'{{"conn_type": "mlflow", "host": "{uri}"}}')
+    going = run("2026-11-30", state="running")
+    going = dataclasses.replace(
+        going,
+        tasks=(*going.tasks[:3], TaskRecord("train", "running", None, None), TaskRecord("register", None)),
+    )
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment(going.dag_id, artifact_location=(tmp_path / "a").as_uri())
+    name = TaskIdentity(going.dag_id, going.run_id, "train").run_name
+    mlflow_run = client.create_run(experiment, tags={"emr_ray.run_name": name})
+    client.log_param(mlflow_run.info.run_id, "epochs", "5")
+    for epoch, loss in enumerate([0.5, 0.31236]):
+        client.log_metric(mlflow_run.info.run_id, "test_loss", loss, step=epoch)
+
+    progress = sources.read_progress(going.dag_id, [going], "mlflow_view")
+    assert progress == {going.run_id: "epoch 2 of 5: test_loss 0.3124"}
+    view = build_view(going.dag_id, [going], registry=Registry(progress=progress))
+    assert view.rows[0].progress == "epoch 2 of 5: test_loss 0.3124"
+    html = page.render(view)
+    assert "epoch 2 of 5: test_loss 0.3124" in html and page.REFRESH in html
+    assert sources.read_progress(going.dag_id, [run("2026-11-29")], "mlflow_view") == {}  # nothing going
