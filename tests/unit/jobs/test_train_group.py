@@ -355,3 +355,7 @@ def test_a_call_whose_rank_0_dies_retires_the_group_and_the_jobs_own_step_errors
     with pytest.raises(Rank0Lost, match="rank 0 died after the loop"):
         after.after_fit("m:log", {}, {})
     assert not beside.group.sound and not after.group.sound
+    hung = call(ray.exceptions.GetTimeoutError())  # an MLflow that never answers: bounded, then retired
+    with pytest.raises(GroupFailed, match="rank 0 did not answer in 600s"):
+        hung.step("m:log_epoch_metrics", {}, {})
+    assert not hung.group.sound

@@ -53,6 +53,10 @@ ABANDONED_WAIT_S = LEASE_TIMEOUT_S + 30.0
 PLACEMENT_TIMEOUT_S = 300.0
 #: how long a failed call waits for rank 0's checkpoint uploads to finish
 SETTLE_S = 60.0
+#: the longest rank 0 may take for one MLflow step beside the loop (MLflow's own retries included),
+#: and for the job's last step (logging the model, scoring the champion): then the group is retired
+STEP_TIMEOUT_S = 600.0
+AFTER_FIT_TIMEOUT_S = 3600.0
 
 
 class GroupFailed(RuntimeError):
@@ -306,7 +310,7 @@ class GroupCall:
 
         ref = self.rank0.mlflow_step.options(concurrency_group="control").remote(fn, kwargs, env)
         try:
-            return self._on_rank0(ref, GroupFailed, "rank 0 died")
+            return self._on_rank0(ref, GroupFailed, "rank 0 died", STEP_TIMEOUT_S)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, Exception):
                 raise e.cause from e
@@ -315,15 +319,20 @@ class GroupCall:
     def after_fit(self, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
         """``fn`` on rank 0 once the loop has succeeded (:meth:`TrainWorker.after_fit`); its value."""
         ref = self.rank0.after_fit.remote(self.group.token, fn, kwargs, env)
-        done = self._on_rank0(ref, Rank0Lost, "rank 0 died after the loop")
+        done = self._on_rank0(ref, Rank0Lost, "rank 0 died after the loop", AFTER_FIT_TIMEOUT_S)
         self.log.extend(done["log"])
         return done["value"]
 
-    def _on_rank0(self, ref: Any, lost: type[Exception], what: str) -> Any:
+    def _on_rank0(self, ref: Any, lost: type[Exception], what: str, timeout_s: float) -> Any:
         import ray
 
-        try:
-            return ray.get(ref)  # the lease is beaten meanwhile: a slow MLflow does not lapse it
+        try:  # the lease is beaten meanwhile: a slow MLflow does not lapse it, a hung one is bounded
+            return ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            self.group.retire()
+            raise lost(
+                f"Warm worker group {self.group.name}: rank 0 did not answer in {timeout_s:.0f}s"
+            ) from e
         except ray.exceptions.RayActorError as e:
             self.group.retire()
             raise lost(f"Warm worker group {self.group.name}: {what}: {e}") from e
