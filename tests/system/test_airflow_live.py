@@ -230,6 +230,17 @@ def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generat
     assert len(generations[RACE[0]]) == 2, "the raced date's two runs shared one generation"
     champion_after = client.get_model_version_by_alias("tabular-mlp", "champion")
     assert champion_after.version == champion_before.version, "history replaced the champion"
+    # the Retraining tab's rows for the backfill and its rerun: each its own version, generation, cost
+    view = api.call(
+        "GET", f"/emr-ray/retraining/api/dags/{DAG_ID}?page_size=100&from={RACE[0]}&to={RACE[-1]}"
+    )
+    shown = {row["run_id"]: row for row in view["rows"] if row["run_id"] in date_of}
+    assert sorted(shown) == sorted(date_of), view["rows"]
+    by_run = {v.tags["airflow.run_id"]: v for v in versions}
+    for run_id, row in shown.items():
+        assert row["run_type"] == ("manual" if run_id == manual else "backfill"), row
+        assert row["version"] == str(by_run[run_id].version) and row["decision"] == "challenger", row
+        assert row["generation"] == by_run[run_id].tags["generation"] and row["cpu_seconds"] > 0, row
 
 
 @contextmanager
@@ -388,7 +399,7 @@ def test_the_retraining_tab_shows_the_manual_runs_version_decision_and_cost(api,
         frame.get_by_text("Serving now:").wait_for()
         frame.get_by_text(WEAK).first.wait_for()
         page.set_viewport_size({"width": 1600, "height": 1200})
-        page.wait_for_timeout(1000)
+        frame.locator("svg").first.wait_for()  # the plots drawn
         page.screenshot(path=str(tmp_path / "retraining-tab.png"), full_page=True)
         # Airflow's frame allows no popups: every link opens in the frame, none in a (blocked) new tab
         assert frame.locator('a[target="_blank"]').count() == 0
