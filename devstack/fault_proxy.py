@@ -86,7 +86,9 @@ class _Handler(BaseHTTPRequestHandler):
             proxy.upstream_host, proxy.upstream_port, timeout=proxy.upstream_timeout
         )
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-        headers["Host"] = f"{proxy.upstream_host}:{proxy.upstream_port}"
+        headers["Host"] = (
+            self.headers.get("Host") if proxy.keep_host else None
+        ) or f"{proxy.upstream_host}:{proxy.upstream_port}"
         try:
             upstream.request(self.command, self.path, body=body or None, headers=headers)
             response = upstream.getresponse()
@@ -119,15 +121,20 @@ class FaultProxy:
     :param upstream: the real server, ``http://host:port``.
     :param port: the port to listen on (0: any free port, kept across ``refuse`` and back).
     :param upstream_timeout: seconds to wait for the upstream's answer.
+    :param keep_host: forward the client's ``Host`` header unchanged (the COS stand-in reads the bucket
+        of a virtual-host request from it); else the upstream's address.
     """
 
-    def __init__(self, upstream: str, *, port: int = 0, upstream_timeout: float = 60.0) -> None:
+    def __init__(
+        self, upstream: str, *, port: int = 0, upstream_timeout: float = 60.0, keep_host: bool = False
+    ) -> None:
         parts = urlsplit(upstream if "://" in upstream else f"http://{upstream}")
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"upstream {upstream!r}: give a plain http://host:port address.")
         self.upstream_host = parts.hostname
         self.upstream_port = parts.port or 80
         self.upstream_timeout = upstream_timeout
+        self.keep_host = keep_host
         self.port = port
         self._mode, self._status, self._delay = "pass", 503, 0.0
         self._lock = threading.Lock()

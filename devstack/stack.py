@@ -50,6 +50,9 @@ class LocalStack:
     :param postgres: run a PostgreSQL server for Airflow's metadata database (else SQLite).
     :param mlflow_on_postgres: MLflow's tracking store in that server's ``mlflow`` database (else SQLite).
     :param redis: run a Redis server, the CeleryExecutor's broker.
+    :param connection_overrides: fields merged into :meth:`connections` (``extra`` key by key): the
+        chaos soak points ``ray_default`` and ``cos_default`` at fault proxies, ``mlflow_default`` at
+        the MLflow server.
     """
 
     root: Path
@@ -62,6 +65,7 @@ class LocalStack:
     postgres: bool = False
     mlflow_on_postgres: bool = False
     redis: bool = False
+    connection_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: seconds a warm pool of the DAGs (Spark session, training worker group) waits unused (the
     #: ``emr_ray_spark_idle_timeout`` and ``emr_ray_worker_group_idle_timeout`` Variables)
     warm_idle_timeout: int = 600
@@ -125,6 +129,15 @@ class LocalStack:
                 self._stop_group(process)
                 raise RuntimeError(f"the MLflow UI did not start on {url}; see {log}")
             time.sleep(0.5)
+
+    def restart_mlflow_ui(self) -> None:
+        """Stop the MLflow server (SIGKILL, as a crashed pod) and start it again on the same port."""
+        if self._mlflow_ui is None or self.mlflow_ui_port is None:
+            raise RuntimeError("this stack runs no MLflow server (mlflow_ui_port=..., then start())")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._mlflow_ui.pid, signal.SIGKILL)
+        self._mlflow_ui.wait(timeout=30)
+        self._mlflow_ui = self._start_mlflow_ui(self.mlflow_ui_port)
 
     @staticmethod
     def _stop_group(process: subprocess.Popen) -> None:
@@ -208,6 +221,14 @@ class LocalStack:
                               access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
 
     def connections(self) -> dict[str, dict[str, Any]]:
+        assert self.ray is not None and self.cos is not None
+        connections = self._connections()
+        for conn_id, fields in self.connection_overrides.items():
+            extra = connections[conn_id].get("extra", {}) | fields.get("extra", {})
+            connections[conn_id] = connections[conn_id] | fields | {"extra": extra}
+        return connections
+
+    def _connections(self) -> dict[str, dict[str, Any]]:
         assert self.ray is not None and self.cos is not None
         return {
             "ray_default": {
