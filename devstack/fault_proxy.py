@@ -103,13 +103,17 @@ class _Handler(BaseHTTPRequestHandler):
             upstream.close()
         proxy.count("passed")
         kept = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
-        self._answer(response.status, kept, data)
+        # a HEAD answer has no body but the size of the GET's (S3 clients read an object's size there)
+        length = response.getheader("Content-Length") if self.command == "HEAD" else None
+        self._answer(response.status, kept, data, length=length)
 
-    def _answer(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+    def _answer(
+        self, status: int, headers: list[tuple[str, str]], data: bytes, length: str | None = None
+    ) -> None:
         self.send_response(status)
         for key, value in headers:
             self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", length or str(len(data)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)

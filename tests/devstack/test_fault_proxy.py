@@ -40,6 +40,11 @@ class _Upstream(BaseHTTPRequestHandler):
 
     do_GET = do_POST = _answer
 
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1234")
+        self.end_headers()
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 
@@ -82,6 +87,12 @@ def test_keep_host_forwards_the_clients_host_header_for_virtual_host_requests(up
         host = "emr-ray-demo-1250000000.cos.ap-guangzhou.myqcloud.com"
         got = httpx.get(f"{proxy.url}/raw/dt=2026-11-02/_SUCCESS", headers={"Host": host}, timeout=5)
     assert got.json()["host"] == host
+
+
+def test_a_head_answer_keeps_the_size_of_the_object(proxy):
+    """S3 clients (pyarrow, Spark) read an object's size from HEAD: 0 would make every file empty."""
+    answer = httpx.head(f"{proxy.url}/bucket/raw/part-0.parquet", timeout=5)
+    assert answer.status_code == 200 and answer.headers["Content-Length"] == "1234"
 
 
 @pytest.mark.parametrize("status", [502, 503])
