@@ -323,11 +323,12 @@ def run_partition(run: Mapping[str, Any]) -> str | None:
 
 
 def count_faults(fault_log: Iterable[str]) -> dict[str, int]:
-    """Faults injected by kind, from a fault log (one JSON object with a ``kind`` per line)."""
+    """Faults injected by kind, from a fault log (one JSON object with a ``kind`` per line); one that
+    logged an ``error`` or ``skipped`` (nothing to hit) was not injected."""
     kinds: Counter[str] = Counter()
     for line in fault_log:
-        if line.strip():
-            kinds[str(json.loads(line)["kind"])] += 1
+        if line.strip() and not {"error", "skipped"} & set(record := json.loads(line)):
+            kinds[str(record["kind"])] += 1
     return dict(sorted(kinds.items()))
 
 

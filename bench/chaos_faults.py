@@ -47,13 +47,21 @@ class Injector:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, faults: list[Fault], started: float) -> threading.Thread:
-        """Inject ``faults`` at their seconds after ``started`` (``time.monotonic()``), in a thread."""
+        """Inject ``faults`` at their seconds after ``started`` (``time.monotonic()``), each in a thread
+        of its own, so a long one (an outage) never delays the next: faults overlap as they come.
+        The returned thread ends when every fault has ended."""
 
         def timeline() -> None:
+            threads = []
             for fault in faults:
                 if self.stopping.wait(max(0.0, started + fault.at_s - time.monotonic())):
-                    return
-                self.inject(fault, started)
+                    break
+                thread = threading.Thread(target=self.inject, args=(fault, started), name=f"chaos-{fault.kind}",
+                                          daemon=True)  # fmt: skip
+                thread.start()
+                threads.append(thread)
+            for thread in threads:
+                thread.join()
 
         thread = threading.Thread(target=timeline, name="chaos-faults", daemon=True)
         thread.start()
@@ -132,7 +140,9 @@ class Injector:
             running = [
                 j
                 for j in self._jobs()
-                if j.get("status") == "RUNNING" and (j.get("driver_info") or {}).get("pid")
+                if j.get("status") == "RUNNING"
+                and j.get("submission_id")
+                and (j.get("driver_info") or {}).get("pid")
             ]
             if running:
                 job = sorted(running, key=lambda j: j["submission_id"])[0]

@@ -167,7 +167,8 @@ def test_a_runs_partition_is_its_param_else_its_logical_date_else_the_day_before
 
 def test_the_table_counts_faults_by_kind_and_fails_unless_every_line_is_zero():
     faults = count_faults([json.dumps({"kind": "kill_worker", "at_s": 3}), "", json.dumps({"kind": "cos_503"}),
-                           json.dumps({"kind": "kill_worker"})])  # fmt: skip
+                           json.dumps({"kind": "kill_worker"}), json.dumps({"kind": "pause_driver", "skipped": "none ran"}),
+                           json.dumps({"kind": "kill_raylet", "error": "OSError"})])  # fmt: skip
     assert faults == {"cos_503": 1, "kill_worker": 2}
     rows = parse(table(faults, retries=4, findings=[]))
     assert rows == {"faults injected": 3, "cos_503": 1, "kill_worker": 2, "retries": 4, "lost (must be 0)": 0,
