@@ -26,8 +26,9 @@ lint: setup
 	@.venv/bin/ruff format --check $(LINT_PATHS)
 	@.venv/bin/mypy plugins/emr_ray
 
+# EXECUTOR=celery: the CeleryExecutor (Redis broker, two Celery workers) instead of the LocalExecutor
 airflow: setup
-	@bash scripts/airflow.sh
+	@EXECUTOR=$(EXECUTOR) bash scripts/airflow.sh
 
 clean:
 	rm -rf .state

@@ -7,6 +7,12 @@ runs of different dates overlap as far as the pools and ``max_active_runs`` let 
 defer by default (``[operators] default_deferrable``), so a task waiting on a Ray job holds no
 worker slot, only its pool slot (the pools count deferred tasks). A component can be SIGKILLed and
 started again (:meth:`LocalAirflow.kill`, :meth:`LocalAirflow.restart`), as a crashed pod would be.
+
+With ``executor="CeleryExecutor"`` (``make airflow EXECUTOR=celery``) the scheduler queues tasks in the
+stack's Redis (``LocalStack(redis=True)``) and :data:`CELERY_WORKERS` Celery workers run them, each
+its own process group (``worker-1``, ``worker-2``: either can be killed alone); Celery's results go
+to the metadata database (PostgreSQL, required). The task slots stay :data:`PARALLELISM` in all,
+split between the workers.
 """
 
 from __future__ import annotations
@@ -41,8 +47,12 @@ COMPONENTS = {
     "dag-processor": ["dag-processor"],
     "triggerer": ["triggerer", "--skip-serve-logs"],
 }
-#: task slots of the LocalExecutor: what runs at once is then decided by the pools and the DAGs
+#: task slots of the LocalExecutor (or of all Celery workers together): what runs at once is then
+#: decided by the pools and the DAGs
 PARALLELISM = 4
+EXECUTORS = ("LocalExecutor", "CeleryExecutor")
+#: Celery workers of the CeleryExecutor topology, as on two machines
+CELERY_WORKERS = 2
 #: CPUs one Ray job of the example DAGs needs when it starts its own Spark or worker group (the cold
 #: path): a preprocessing job's executor core plus the free CPU its COS read needs, or a training
 #: job's two 1-CPU workers (the default)
@@ -77,7 +87,7 @@ def ray_pool_slots(
 
 @dataclass
 class LocalAirflow:
-    """The four Airflow processes, started and stopped by PID (never orphaned).
+    """The Airflow processes (four, plus the Celery workers), started and stopped by PID (never orphaned).
 
     A component that exits while the stack is up is started again, as systemd or Kubernetes would;
     ``restarts`` counts them. One that :meth:`kill` took down stays down until :meth:`restart`.
@@ -97,11 +107,58 @@ class LocalAirflow:
     watch_interval_s: int | None = None
     #: seconds between a task's tries in the DAGs (``EMR_RAY_RETRY_DELAY``); None: the DAGs' 120
     retry_delay_s: int | None = None
+    #: ``LocalExecutor`` or ``CeleryExecutor`` (its broker: the stack's Redis)
+    executor: str = "LocalExecutor"
+    #: seconds without a heartbeat from a running task before the scheduler fails its try (a killed
+    #: Celery worker's tasks); None: Airflow's 300
+    task_heartbeat_timeout_s: int | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stopping: threading.Event = field(default_factory=threading.Event)
     _down: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor={self.executor!r}: use one of {', '.join(EXECUTORS)}")
+        if self.celery and not (self.stack.postgres and self.stack.redis):
+            raise ValueError(
+                "the CeleryExecutor needs the stack's PostgreSQL and Redis: LocalStack(postgres=True, redis=True)"
+            )
+
+    @property
+    def celery(self) -> bool:
+        return self.executor == "CeleryExecutor"
+
+    def components(self) -> dict[str, list[str]]:
+        """Each component's ``airflow`` arguments, by name (the Celery workers under ``worker-N``)."""
+        if not self.celery:
+            return dict(COMPONENTS)
+        concurrency = str(max(1, PARALLELISM // CELERY_WORKERS))
+        workers = {
+            f"worker-{n}": ["celery", "worker", "--celery-hostname", f"worker-{n}@%h", "--concurrency", concurrency,
+                            "--skip-serve-logs", "--pid", str(self.home / f"airflow-worker-{n}.pid")]
+            for n in range(1, CELERY_WORKERS + 1)
+        }  # fmt: skip
+        return COMPONENTS | workers
+
+    def executor_env(self) -> dict[str, str]:
+        """The executor's settings (Celery: its broker, and results in the metadata database)."""
+        env = {"AIRFLOW__CORE__EXECUTOR": self.executor}
+        if self.task_heartbeat_timeout_s:
+            env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = str(self.task_heartbeat_timeout_s)
+        if self.celery:
+            env |= {
+                "AIRFLOW__CELERY__BROKER_URL": self.stack.broker_url,
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(max(1, PARALLELISM // CELERY_WORKERS)),
+                # Airflow's default, said explicitly: a killed worker's task is not redelivered by the
+                # broker (the scheduler fails its try once its heartbeat stops, and retries it)
+                "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "86400",
+                # a task no worker started (its message was lost with a killed worker or broker) is
+                # queued again after this, instead of Airflow's 10 minutes
+                "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(max(60, 4 * (self.health_check_s or 30))),
+            }
+        return env
 
     @property
     def url(self) -> str:
@@ -115,7 +172,7 @@ class LocalAirflow:
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            **self.executor_env(),
             "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
             # a task waiting on a Ray job (or on a COS key) waits in the triggerer, not in a worker slot
             "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
@@ -149,7 +206,7 @@ class LocalAirflow:
             self._airflow("pools", "set", pool, str(size), description, "--include-deferred")
         logs = self.home / "logs"
         logs.mkdir(exist_ok=True)
-        for name in COMPONENTS:
+        for name in self.components():
             self._launch(name)
         deadline = time.monotonic() + timeout
         while True:
@@ -174,7 +231,7 @@ class LocalAirflow:
     def _launch(self, name: str) -> None:
         cli = str(Path(sys.executable).with_name("airflow"))
         out = open(self.home / "logs" / f"{name}.log", "a")  # noqa: SIM115 - kept open for the child's lifetime
-        argv = [cli, *(a.format(port=self.port) for a in COMPONENTS[name])]
+        argv = [cli, *(a.format(port=self.port) for a in self.components()[name])]
         self.processes[name] = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
                                                 start_new_session=True)  # fmt: skip
 

@@ -86,7 +86,9 @@ class _Handler(BaseHTTPRequestHandler):
             proxy.upstream_host, proxy.upstream_port, timeout=proxy.upstream_timeout
         )
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-        headers["Host"] = f"{proxy.upstream_host}:{proxy.upstream_port}"
+        headers["Host"] = (
+            self.headers.get("Host") if proxy.keep_host else None
+        ) or f"{proxy.upstream_host}:{proxy.upstream_port}"
         try:
             upstream.request(self.command, self.path, body=body or None, headers=headers)
             response = upstream.getresponse()
@@ -101,13 +103,17 @@ class _Handler(BaseHTTPRequestHandler):
             upstream.close()
         proxy.count("passed")
         kept = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
-        self._answer(response.status, kept, data)
+        # a HEAD answer has no body but the size of the GET's (S3 clients read an object's size there)
+        length = response.getheader("Content-Length") if self.command == "HEAD" else None
+        self._answer(response.status, kept, data, length=length)
 
-    def _answer(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+    def _answer(
+        self, status: int, headers: list[tuple[str, str]], data: bytes, length: str | None = None
+    ) -> None:
         self.send_response(status)
         for key, value in headers:
             self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", length or str(len(data)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
@@ -119,15 +125,20 @@ class FaultProxy:
     :param upstream: the real server, ``http://host:port``.
     :param port: the port to listen on (0: any free port, kept across ``refuse`` and back).
     :param upstream_timeout: seconds to wait for the upstream's answer.
+    :param keep_host: forward the client's ``Host`` header unchanged (the COS stand-in reads the bucket
+        of a virtual-host request from it); else the upstream's address.
     """
 
-    def __init__(self, upstream: str, *, port: int = 0, upstream_timeout: float = 60.0) -> None:
+    def __init__(
+        self, upstream: str, *, port: int = 0, upstream_timeout: float = 60.0, keep_host: bool = False
+    ) -> None:
         parts = urlsplit(upstream if "://" in upstream else f"http://{upstream}")
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"upstream {upstream!r}: give a plain http://host:port address.")
         self.upstream_host = parts.hostname
         self.upstream_port = parts.port or 80
         self.upstream_timeout = upstream_timeout
+        self.keep_host = keep_host
         self.port = port
         self._mode, self._status, self._delay = "pass", 503, 0.0
         self._lock = threading.Lock()

@@ -12,6 +12,9 @@ With ``postgres=True`` it also runs a PostgreSQL server (:mod:`devstack.postgres
 in production; with ``mlflow_on_postgres=True`` MLflow's tracking store is its ``mlflow`` database.
 Otherwise both are SQLite files under ``root``. An ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` set in the
 environment always wins. ``airflow dags test`` (:meth:`LocalStack.dags_test_env`) always uses SQLite.
+
+With ``redis=True`` it also runs a Redis server (:mod:`devstack.broker`, under ``<root>/redis``, on
+127.0.0.1): the CeleryExecutor's broker (``LocalAirflow(executor="CeleryExecutor")``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack import airflow_db
+from devstack.broker import LocalRedis
 from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
 from devstack.postgres import LocalPostgres
 from devstack.ray_head import LocalRay, start_head, stop_head
@@ -45,6 +49,10 @@ class LocalStack:
     :param mlflow_ui_port: serve the MLflow UI on 127.0.0.1 at this port (None: no UI, no links).
     :param postgres: run a PostgreSQL server for Airflow's metadata database (else SQLite).
     :param mlflow_on_postgres: MLflow's tracking store in that server's ``mlflow`` database (else SQLite).
+    :param redis: run a Redis server, the CeleryExecutor's broker.
+    :param connection_overrides: fields merged into :meth:`connections` (``extra`` key by key): the
+        chaos soak points ``ray_default`` and ``cos_default`` at fault proxies, ``mlflow_default`` at
+        the MLflow server.
     """
 
     root: Path
@@ -56,6 +64,8 @@ class LocalStack:
     mlflow_ui_port: int | None = None
     postgres: bool = False
     mlflow_on_postgres: bool = False
+    redis: bool = False
+    connection_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: seconds a warm pool of the DAGs (Spark session, training worker group) waits unused (the
     #: ``emr_ray_spark_idle_timeout`` and ``emr_ray_worker_group_idle_timeout`` Variables)
     warm_idle_timeout: int = 600
@@ -63,6 +73,7 @@ class LocalStack:
     _owns_cos: bool = field(default=False, repr=False)
     _mlflow_ui: subprocess.Popen | None = field(default=None, repr=False)
     _postgres: LocalPostgres | None = field(default=None, repr=False)
+    _redis: LocalRedis | None = field(default=None, repr=False)
 
     def start(self) -> LocalStack:
         from devstack.cos_server import CosStandIn
@@ -84,6 +95,8 @@ class LocalStack:
         if (airflow_on_postgres or self.mlflow_on_postgres) and self._postgres is None:
             databases = ("airflow", "mlflow") if self.mlflow_on_postgres else ("airflow",)
             self._postgres = LocalPostgres(self.root / "postgres", databases=databases).start()
+        if self.redis and self._redis is None:
+            self._redis = LocalRedis(self.root / "redis").start()
         if self.mlflow_ui_port is not None and self._mlflow_ui is None:
             self._mlflow_ui = self._start_mlflow_ui(self.mlflow_ui_port)
         return self
@@ -117,6 +130,15 @@ class LocalStack:
                 raise RuntimeError(f"the MLflow UI did not start on {url}; see {log}")
             time.sleep(0.5)
 
+    def restart_mlflow_ui(self) -> None:
+        """Stop the MLflow server (SIGKILL, as a crashed pod) and start it again on the same port."""
+        if self._mlflow_ui is None or self.mlflow_ui_port is None:
+            raise RuntimeError("this stack runs no MLflow server (mlflow_ui_port=..., then start())")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._mlflow_ui.pid, signal.SIGKILL)
+        self._mlflow_ui.wait(timeout=30)
+        self._mlflow_ui = self._start_mlflow_ui(self.mlflow_ui_port)
+
     @staticmethod
     def _stop_group(process: subprocess.Popen) -> None:
         """SIGTERM the process group of ``process`` (uvicorn and its worker), SIGKILL what is left."""
@@ -138,6 +160,9 @@ class LocalStack:
             stop_head(self.root / "ray")
         if self._owns_cos:
             self.cos.stop()
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None
         if self._postgres is not None:  # last: whatever ran on this stack is stopped by now
             self._postgres.stop()
             self._postgres = None
@@ -149,6 +174,13 @@ class LocalStack:
         if self._postgres is None:
             raise RuntimeError("this stack runs no PostgreSQL server (postgres=True, then start())")
         return self._postgres
+
+    @property
+    def broker_url(self) -> str:
+        """The CeleryExecutor's broker (``redis=True``, after ``start()``)."""
+        if self._redis is None:
+            raise RuntimeError("this stack runs no Redis server (redis=True, then start())")
+        return self._redis.url()
 
     @property
     def tracking_uri(self) -> str:
@@ -189,6 +221,14 @@ class LocalStack:
                               access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
 
     def connections(self) -> dict[str, dict[str, Any]]:
+        assert self.ray is not None and self.cos is not None
+        connections = self._connections()
+        for conn_id, fields in self.connection_overrides.items():
+            extra = connections[conn_id].get("extra", {}) | fields.get("extra", {})
+            connections[conn_id] = connections[conn_id] | fields | {"extra": extra}
+        return connections
+
+    def _connections(self) -> dict[str, dict[str, Any]]:
         assert self.ray is not None and self.cos is not None
         return {
             "ray_default": {

@@ -6,6 +6,10 @@ MLflow UI (``mlflow server`` over that tracking store) and Airflow's API server 
 scheduler (LocalExecutor), DAG processor and triggerer on 127.0.0.1, then prints the three addresses
 and the logins. Stops every component by PID on exit. State: ``.state/airflow-local``.
 
+``EXECUTOR=celery`` (``make airflow EXECUTOR=celery``) runs the CeleryExecutor instead, as production
+deployments do: a Redis server on 127.0.0.1 is the broker and two Celery workers, each its own
+process group, run the tasks (:mod:`devstack.airflow`).
+
 An ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` set in the environment wins: Airflow then uses that
 database (MLflow stays on the embedded server).
 
@@ -34,6 +38,16 @@ PROJECT = Path(__file__).resolve().parents[1]
 STATE = PROJECT / ".state" / "airflow-local"
 
 
+def executor(value: str | None = None) -> str:
+    """Airflow's executor class name from ``EXECUTOR`` (``local``, the default, or ``celery``)."""
+    value = (os.environ.get("EXECUTOR", "") if value is None else value).strip().lower() or "local"
+    names = {"local": "LocalExecutor", "localexecutor": "LocalExecutor",
+             "celery": "CeleryExecutor", "celeryexecutor": "CeleryExecutor"}  # fmt: skip
+    if value not in names:
+        raise RuntimeError(f"EXECUTOR={value!r}: use EXECUTOR=local (the default) or EXECUTOR=celery")
+    return names[value]
+
+
 def ports() -> dict[str, int]:
     """The three ports, the same inside the namespace and on the host."""
     return {
@@ -54,9 +68,11 @@ def main() -> int:
 
 def run() -> int:
     port = ports()
+    chosen = executor()
+    celery = chosen == "CeleryExecutor"
     stack = LocalStack(STATE, PROJECT, dashboard_port=port["ray"], mlflow_ui_port=port["mlflow"],
-                       postgres=True, mlflow_on_postgres=True)  # fmt: skip
-    airflow = LocalAirflow(stack, STATE / "airflow", port=port["airflow"])
+                       postgres=True, mlflow_on_postgres=True, redis=celery)  # fmt: skip
+    airflow = LocalAirflow(stack, STATE / "airflow", port=port["airflow"], executor=chosen)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -65,7 +81,10 @@ def run() -> int:
         if forward_dir:  # before the servers start: the host side answers as soon as each one does
             expose(forward_dir, port.values())
         print(
-            "==> Starting the COS stand-in, a Ray head, PostgreSQL and the MLflow UI on 127.0.0.1", flush=True
+            "==> Starting the COS stand-in, a Ray head, PostgreSQL, the MLflow UI"
+            + (" and Redis" if celery else "")
+            + " on 127.0.0.1",
+            flush=True,
         )
         stack.start()
         from include.data import digits, synthetic
@@ -74,7 +93,10 @@ def run() -> int:
         synthetic.write_partitions(stack.raw_uri, first, 14, 20000, stack.storage_options())
         digits.write_partitions(stack.digits_raw_uri, first, 14, stack.storage_options())
         print(
-            "==> Starting Airflow (API server, scheduler, DAG processor, triggerer) on 127.0.0.1", flush=True
+            "==> Starting Airflow (API server, scheduler, DAG processor, triggerer"
+            + (", two Celery workers" if celery else "")
+            + f"; {chosen}) on 127.0.0.1",
+            flush=True,
         )
         airflow.start()
         ray = stack.ray

@@ -34,6 +34,15 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "No chromium on PATH (install Debian's chromium package): the browser test will be skipped" >&2
   fi
 fi
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> Installing Debian's redis-server (the CeleryExecutor's broker: make airflow EXECUTOR=celery, the chaos soak)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null \
+      || echo "redis-server could not be installed: the CeleryExecutor stack and its tests will be skipped" >&2
+  else
+    echo "No redis-server on PATH (install Debian's redis-server package): the CeleryExecutor stack is unavailable" >&2
+  fi
+fi
 java -version >/dev/null 2>&1 || { echo "Java 17 is required for Spark (RayDP): install a JDK 17 and put java on PATH." >&2; exit 1; }
 rm -f "$VENV"/.installed-*
 touch "$stamp"

@@ -116,6 +116,17 @@ def run_partition(context: Mapping[str, Any]) -> str | None:
     return None
 
 
+def run_type(context: Mapping[str, Any]) -> str:
+    """The run's type as its plain value (``backfill``, ``manual``, ``scheduled``, ...; "" without a run).
+
+    A task's ``dag_run.run_type`` is the task SDK's ``DagRunType`` enum, whose ``str()`` is
+    ``DagRunType.BACKFILL``, not ``backfill``: compared as text, a backfill never looked like one (the
+    chaos soak found backfill runs replacing the champion).
+    """
+    value = getattr(context.get("dag_run"), "run_type", None)
+    return str(getattr(value, "value", value) or "")
+
+
 #: an ISO date, matched whole (no trailing newline, ASCII digits only)
 PARTITION_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])(?![\s\S])"
 

@@ -30,7 +30,7 @@ class _Upstream(BaseHTTPRequestHandler):
         body = self.rfile.read(length).decode() if length else ""
         status = 404 if self.path.startswith("/missing") else 200
         data = json.dumps({"method": self.command, "path": self.path, "body": body,
-                           "auth": self.headers.get("Authorization")}).encode()  # fmt: skip
+                           "auth": self.headers.get("Authorization"), "host": self.headers.get("Host")}).encode()  # fmt: skip
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("X-Upstream", "yes")
@@ -39,6 +39,11 @@ class _Upstream(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     do_GET = do_POST = _answer
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1234")
+        self.end_headers()
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -60,7 +65,7 @@ def proxy(upstream: str) -> Iterator[FaultProxy]:
         yield running
 
 
-def test_pass_forwards_requests_and_answers_unchanged(proxy):
+def test_pass_forwards_requests_and_answers_unchanged(proxy, upstream):
     with httpx.Client(base_url=proxy.url, timeout=5) as client:
         got = client.post("/api/jobs/?x=1", json={"a": 1}, headers={"Authorization": "Bearer t"})
         assert got.status_code == 200 and got.headers["X-Upstream"] == "yes"
@@ -69,10 +74,25 @@ def test_pass_forwards_requests_and_answers_unchanged(proxy):
             "path": "/api/jobs/?x=1",
             "body": '{"a":1}',
             "auth": "Bearer t",
+            "host": upstream.removeprefix("http://"),
         }
         assert client.get("/missing/job").status_code == 404  # the upstream's own errors pass through
     assert proxy.counts() == {"passed": 2}
     assert proxy.url.startswith("http://127.0.0.1:")
+
+
+def test_keep_host_forwards_the_clients_host_header_for_virtual_host_requests(upstream):
+    """The COS SDK names the bucket in the Host header; the COS stand-in behind the proxy reads it."""
+    with FaultProxy(upstream, keep_host=True) as proxy:
+        host = "emr-ray-demo-1250000000.cos.ap-guangzhou.myqcloud.com"
+        got = httpx.get(f"{proxy.url}/raw/dt=2026-11-02/_SUCCESS", headers={"Host": host}, timeout=5)
+    assert got.json()["host"] == host
+
+
+def test_a_head_answer_keeps_the_size_of_the_object(proxy):
+    """S3 clients (pyarrow, Spark) read an object's size from HEAD: 0 would make every file empty."""
+    answer = httpx.head(f"{proxy.url}/bucket/raw/part-0.parquet", timeout=5)
+    assert answer.status_code == 200 and answer.headers["Content-Length"] == "1234"
 
 
 @pytest.mark.parametrize("status", [502, 503])

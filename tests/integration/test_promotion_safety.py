@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow.sdk.api.datamodels._generated import DagRunType
 
 from emr_ray.cluster import partitions
 from emr_ray.hooks.mlflow import MLflowHook
@@ -34,10 +35,11 @@ pytestmark = pytest.mark.integration
 
 
 class DagRunFields:
-    """The one DAG run field the register operator reads: how the run was made."""
+    """The one DAG run field the register operator reads: how the run was made, as the task SDK's
+    enum (a plain ``"backfill"`` here hid that the operator compared the enum's text)."""
 
     def __init__(self, run_type: str) -> None:
-        self.run_type = run_type
+        self.run_type = DagRunType(run_type)
 
 
 def register(

@@ -16,7 +16,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from devstack.fault_proxy import FaultProxy
-from emr_ray.exceptions import RayJobUnschedulableError, RayMonitorLostError
+from emr_ray.exceptions import RayJobsApiError, RayJobUnschedulableError, RayMonitorLostError
 from emr_ray.hooks.ray import RayHook
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
@@ -184,3 +184,26 @@ def test_a_job_pending_past_pending_timeout_fails_naming_the_missing_resource(ra
     assert "stop requested" in message
     job = direct.get_job(submission_id(ti))
     assert job["status"] == "PENDING" and not direct.get_job_logs(submission_id(ti)).strip()  # never ran
+
+
+def test_the_cluster_check_rides_out_a_short_outage_and_names_the_address_after_its_budget(proxy, capsys):
+    """A dashboard restart (refused connections) while a run reaches its cluster check: the check
+    retries with backoff and passes once the Jobs API answers again; past its budget it fails naming
+    the address. (It failed at once: a 56 s outage failed a soak run's three tries, 10 s apart.)"""
+    from emr_ray.operators.ray_check import RayConnectOperator
+
+    proxy.set("refuse")
+    threading.Timer(3.0, proxy.set, args=("pass",)).start()
+    facts = RayConnectOperator(task_id="check", ray_conn_id="ray_proxy").execute(
+        {"ti": FakeTaskInstance("check")}
+    )
+    assert facts["nodes"] >= 1
+    assert any("unreachable" in line and "retry 1 in" in line for line in retry_lines(capsys))
+
+    proxy.set("refuse")
+    started = time.monotonic()
+    with pytest.raises(RayJobsApiError, match=rf"{proxy.url} is unreachable.*gave up"):
+        RayConnectOperator(task_id="check", ray_conn_id="ray_proxy", unreachable_retry_seconds=2).execute(
+            {"ti": FakeTaskInstance("check")}
+        )
+    assert time.monotonic() - started < 20

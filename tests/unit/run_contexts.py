@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pendulum
+from airflow.sdk.api.datamodels._generated import DagRunType
 from airflow.sdk.execution_time.context import MacrosAccessor
 
 #: the generation the run's ``preprocess`` task committed (its XCom)
@@ -19,9 +20,9 @@ GENERATION = "g20261201T000000-0a1b2c3d"
 
 @dataclass(frozen=True)
 class DagRunFields:
-    """Stands in for the context's ``dag_run``."""
+    """Stands in for the context's ``dag_run``; its ``run_type`` is the task SDK's enum, as in a real task."""
 
-    run_type: str
+    run_type: DagRunType
     logical_date: pendulum.DateTime | None
     run_after: pendulum.DateTime
 
@@ -60,7 +61,7 @@ class RunKind:
         params = {"partition": self.partition_param} if partition_param else {}
         context: dict[str, Any] = {
             "ti": TaskInstanceFields(task_id),
-            "dag_run": DagRunFields(self.run_type, self.logical_date, self.run_after),
+            "dag_run": DagRunFields(DagRunType(self.run_type), self.logical_date, self.run_after),
             "params": params,
             "macros": MacrosAccessor(),
             "var": {"value": UnsetVariables()},

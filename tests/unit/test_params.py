@@ -18,6 +18,7 @@ from emr_ray.params import (
     committed_output,
     partition_param,
     run_partition,
+    run_type,
     task_defaults,
 )
 from tests.unit.run_contexts import KINDS, RunKind
@@ -57,6 +58,16 @@ def test_run_partition_is_what_the_partition_template_renders(kind: RunKind):
     context = kind.context()
     template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(PARTITION_TEMPLATE)
     assert run_partition(context) == template.render(**context) == kind.partition
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_run_type_is_the_plain_value_of_the_task_sdks_enum(kind: RunKind):
+    """A task's ``dag_run.run_type`` is an enum whose ``str()`` is ``DagRunType.BACKFILL``: read as
+    text, a backfill never looked like one, and its registrations replaced the champion."""
+    context = kind.context()
+    assert run_type(context) == kind.run_type
+    assert str(context["dag_run"].run_type) != kind.run_type  # why the value is taken
+    assert run_type({}) == ""
 
 
 def test_a_context_without_any_date_has_no_partition():

@@ -43,7 +43,7 @@ from emr_ray.exceptions import MLflowMetricNotFiniteError, MLflowRegistryError
 from emr_ray.hooks.mlflow import MLflowHook
 from emr_ray.hooks.mlflow_registry import TAG_ARTIFACT_PATH
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
-from emr_ray.params import run_partition
+from emr_ray.params import run_partition, run_type
 from emr_ray.templating import as_bool
 
 if TYPE_CHECKING:
@@ -255,7 +255,7 @@ class MLflowRegisterOperator(BaseOperator):
             value=value,
             comparison=comparison,
             partition=(existing.tags if existing is not None else tags).get(TAG_PARTITION),
-            run_type=getattr(context.get("dag_run"), "run_type", None),
+            run_type=run_type(context),
         )
 
         # The decision, before anything is written.

@@ -23,8 +23,11 @@ class RayConnectOperator(BaseOperator):
     """Check that the Ray cluster is reachable, recent enough and big enough for this run; push its facts to XCom.
 
     Fails at once (no retries: a retry cannot grow the cluster) with a message that names the
-    problem and the fix: unreachable address, missing or wrong token, a Ray version below
-    ``min_ray_version``, or fewer resources in total than the run will ask for.
+    problem and the fix: missing or wrong token, a Ray version below ``min_ray_version``, or fewer
+    resources in total than the run will ask for. A Jobs API that does not answer (refused, reset,
+    503) is retried with backoff for ``unreachable_retry_seconds`` first, as the job monitors do: a
+    30-90 s outage of the dashboard (a restart) otherwise failed every run that reached its check
+    then, each try at once (found by the chaos soak). Past that, it fails naming the address.
 
     What the run asks for is described by the same numbers its tasks use: ``workers`` and
     ``resources_per_worker`` (and ``use_gpu``) of the training task, ``spark_executors``,
@@ -47,6 +50,7 @@ class RayConnectOperator(BaseOperator):
     :param required_gpus: GPUs the pipeline needs in total (templated).
     :param required_memory_gb: memory the pipeline needs in total, in GiB (templated).
     :param required_resources: custom resources, e.g. ``{"accelerator_type:T4": 1}`` (templated).
+    :param unreachable_retry_seconds: how long to retry a Jobs API that does not answer (0: fail at once).
     """
 
     template_fields: Sequence[str] = (
@@ -73,10 +77,12 @@ class RayConnectOperator(BaseOperator):
         required_gpus: float | str = 0,
         required_memory_gb: float | str = 0,
         required_resources: dict[str, float] | None = None,
+        unreachable_retry_seconds: float = 120.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.ray_conn_id = ray_conn_id
+        self.unreachable_retry_seconds = float(unreachable_retry_seconds)
         self.min_ray_version = min_ray_version
         self.workers = workers
         self.resources_per_worker = resources_per_worker
@@ -92,7 +98,7 @@ class RayConnectOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> RayHook:
-        return RayHook(self.ray_conn_id)
+        return RayHook(self.ray_conn_id, retry_seconds=self.unreachable_retry_seconds)
 
     def run_request(self) -> RunRequest:
         """The rendered arguments as a :class:`RunRequest`."""

@@ -11,10 +11,12 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from emr_ray.cluster import storage
+from emr_ray.cluster.promotion import BACKFILL_RUN_TYPE
 from emr_ray.hooks.cos import COSHook
 from emr_ray.hooks.cos_keys import match_keys
 from emr_ray.hooks.cos_unchanged import check_unchanged, with_inactivity_metadata
 from emr_ray.links.cos import COSObjectLink
+from emr_ray.params import run_type
 from emr_ray.triggers.cos import COSKeyTrigger
 
 if TYPE_CHECKING:
@@ -178,9 +180,7 @@ class COSSensor(BaseSensorOperator):
 
     def execute(self, context: Context) -> Any:
         self._check_partitions()
-        dag_run = context.get("dag_run")
-        run_type = getattr(dag_run, "run_type", "")
-        if self.fail_fast_on_backfill and str(getattr(run_type, "value", run_type)) == "backfill":
+        if self.fail_fast_on_backfill and run_type(context) == BACKFILL_RUN_TYPE:
             return self._check_once_for_backfill(context)
         if not self.deferrable:
             return super().execute(context)
