@@ -12,6 +12,7 @@ view against a live MLflow is ``tests/system/test_airflow_live.py``'s.
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 
 import pendulum
@@ -71,7 +72,27 @@ class HiddenDagAuthManager(SimpleAuthManager):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> list:
+def own_db(airflow_db, tmp_path_factory):
+    """This module's own copy of the session's migrated metadata DB, for the in-process Airflow (its
+    runs and its API app): the session's file is shared with the ``airflow dags test`` processes of
+    other modules, and after them a new in-process SQLite connection could fail to enter WAL mode on
+    it ("disk I/O error"). Back to the session's DB afterwards."""
+    from airflow import settings
+
+    db = tmp_path_factory.mktemp("view_db") / "airflow.db"
+    shutil.copyfile(airflow_db / "airflow.db", db)
+    url = f"sqlite:///{db}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", url)
+        patch.setattr(settings, "SQL_ALCHEMY_CONN", url)
+        patch.setattr(settings, "SQL_ALCHEMY_CONN_ASYNC", settings._get_async_conn_uri_from_sync(url))
+        settings.reconfigure_orm()
+        yield db
+    settings.reconfigure_orm()
+
+
+@pytest.fixture(scope="module")
+def runs(own_db, tmp_path_factory) -> list:
     """Three runs of a retraining DAG: a promotion, a challenger only, a failed registration."""
     from airflow import settings
 
