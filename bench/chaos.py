@@ -185,16 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                                task_heartbeat_timeout_s=60)  # fmt: skip
         airflow.start()
         api = Api(airflow)
-        deadline = time.monotonic() + 300
-        while True:  # the DAG processor parses the DAG first
-            try:
-                api.call("GET", f"/api/v2/dags/{DAG_ID}", retries=1)
-                break
-            except AssertionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(3)
-        api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+        api.unpause_once_parsed(DAG_ID, timeout_s=300)  # once the DAG processor parsed it
         time.sleep(5)  # unpausing makes the scheduled run of the latest day: not the soak's
         for run in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]:
             api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})

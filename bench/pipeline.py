@@ -285,16 +285,7 @@ def backfill(
     airflow = LocalAirflow(stack, stack.root / "airflow-live", port=8080, pool_slots=slots).start()
     try:
         api = Api(airflow)
-        deadline = time.monotonic() + 300
-        while True:  # the DAG processor parses the DAG first
-            try:
-                api.call("GET", f"/api/v2/dags/{DAG_ID}", retries=1)
-                break
-            except AssertionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(3)
-        api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+        api.unpause_once_parsed(DAG_ID, timeout_s=300)  # once the DAG processor parsed it
         body = {"dag_id": DAG_ID, "from_date": f"{dates[0]}T00:00:00Z", "to_date": f"{dates[-1]}T00:00:00Z",
                 "reprocess_behavior": "completed", "max_active_runs": MAX_ACTIVE_RUNS, "dag_run_conf": conf or {}}  # fmt: skip
         started = time.time()

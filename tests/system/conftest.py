@@ -57,15 +57,7 @@ def live_airflow(live_stack, tabular_good_run, tmp_path_factory) -> Iterator[Loc
 def api(live_airflow) -> Api:
     """A REST client of the running Airflow, once ``retrain_tabular`` is parsed and unpaused."""
     client = Api(live_airflow)
-    deadline = time.monotonic() + 180
-    while True:  # the DAG processor has to parse the DAG file before the API knows it
-        try:
-            client.call("GET", f"/api/v2/dags/{DAG_ID}", retries=1)
-            break
-        except AssertionError:
-            assert time.monotonic() < deadline, "the DAG processor never parsed retrain_tabular"
-            time.sleep(3)
-    client.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+    client.unpause_once_parsed(DAG_ID, timeout_s=180)  # once the DAG processor parsed it
     # Unpausing creates the scheduled run of the latest completed day. Record which key its sensor
     # waits for (test_airflow_events checks it), then fail the run: the tests' runs are their own.
     deadline = time.monotonic() + 180
