@@ -43,7 +43,7 @@ from emr_ray.exceptions import MLflowMetricNotFiniteError, MLflowRegistryError
 from emr_ray.hooks.mlflow import MLflowHook
 from emr_ray.hooks.mlflow_registry import TAG_ARTIFACT_PATH
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
-from emr_ray.params import run_partition, run_type
+from emr_ray.params import PROMOTION_POOL, run_partition, run_type
 from emr_ray.templating import as_bool
 
 if TYPE_CHECKING:
@@ -63,7 +63,8 @@ TAG_PARTITION = "partition"
 #: How many times one task decides at most when the champion alias keeps moving under it.
 MAX_DECISIONS = 4
 #: How long to wait after moving the champion alias before reading it back (a concurrent writer's
-#: request in flight lands within that time).
+#: request in flight lands within that time). No wait in the one-slot promotion pool, where no other
+#: promotion of the model runs at the same time: :meth:`MLflowRegisterOperator.alias_settle_seconds`.
 ALIAS_SETTLE_SECONDS = 1.0
 
 
@@ -133,7 +134,9 @@ class MLflowRegisterOperator(BaseOperator):
 
     Run it in a one-slot pool (``pool="mlflow_promotion"``, which must exist: ``airflow pools set
     mlflow_promotion 1 ...``): two promotions of one model are then one after the other, and the
-    second decides against the first's result.
+    second decides against the first's result. Outside that pool a promotion also waits
+    :data:`ALIAS_SETTLE_SECONDS` after moving the alias before it reads it back, for a concurrent
+    writer's request in flight to land.
 
     Each new version carries a receipt (:mod:`emr_ray.receipt`, ``receipt.*`` tags): the CPU- and
     GPU-seconds of every upstream task (with its share of warm pools' idle time), their cost by the
@@ -345,7 +348,7 @@ class MLflowRegisterOperator(BaseOperator):
                 return decision, champion, decisions
             if current == champion.version:
                 hook.set_alias(name, alias, version)
-                time.sleep(ALIAS_SETTLE_SECONDS)
+                time.sleep(self.alias_settle_seconds)
                 current = hook.get_aliases(name).get(alias)
                 if current == version:
                     return decision, champion, decisions
@@ -379,6 +382,12 @@ class MLflowRegisterOperator(BaseOperator):
             champion,
             MAX_DECISIONS,
         )
+
+    @property
+    def alias_settle_seconds(self) -> float:
+        """0 in the one-slot promotion pool (no other promotion of the model is in flight there),
+        else :data:`ALIAS_SETTLE_SECONDS`."""
+        return 0.0 if self.pool == PROMOTION_POOL else ALIAS_SETTLE_SECONDS
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the run's model in, the model version and its aliases out (never raises)."""

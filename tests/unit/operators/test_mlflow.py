@@ -176,3 +176,13 @@ def test_the_asset_event_carries_the_version_and_the_decision() -> None:
     nothing = op._result("m", None, _candidate(0.7), Champion(), Decision(False, "worse"), [], reused=False)
     op._emit_asset_event(context, "m", nothing)  # type: ignore[arg-type]
     assert list(context["outlet_events"]) == []
+
+
+def test_a_promotion_waits_for_concurrent_writers_only_outside_the_one_slot_promotion_pool() -> None:
+    from emr_ray.operators.mlflow import ALIAS_SETTLE_SECONDS
+    from emr_ray.params import PROMOTION_POOL
+
+    alone = MLflowRegisterOperator(task_id="r1", model_name="m", run_id="x", pool=PROMOTION_POOL)
+    shared = MLflowRegisterOperator(task_id="r2", model_name="m", run_id="x")
+    assert alone.alias_settle_seconds == 0.0
+    assert shared.alias_settle_seconds == ALIAS_SETTLE_SECONDS > 0

@@ -9,7 +9,9 @@ file the plan lists for the ``test`` dataset.
 
 The champion is scored where nothing of it outlives the job: in the job's driver, or, on a warm
 group's rank 0 (a process that serves the next jobs), in a process of its own that ends with the call
-(``isolated``: :mod:`emr_ray.cluster.jobs.clean_process`).
+(``isolated``: :mod:`emr_ray.cluster.jobs.clean_process`). There, rank 0 copies the version's files
+with its open store; the child only unpickles and scores them, with no MLflow store to open (a second
+here against a database store) and no login for the model's code to see.
 
 This runs in the job's driver (or rank 0), not on the Ray Train workers: a test split is small (the default
 split keeps a fifth of a partition; 10k rows of 16 features is under 1 MB), so the driver reads it
@@ -42,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from emr_ray.cluster import mlflow_auth, storage
+from emr_ray.cluster import storage
 from emr_ray.cluster import train as emr_train
 from emr_ray.cluster.jobs import clean_process, shards
 from emr_ray.cluster.jobs import train_mlflow as tracking
@@ -180,25 +182,34 @@ def read_test_rows(plan: dict[str, Any], options: storage.StorageOptions):
     return table
 
 
-def load_version(spec: TrainJobSpec, client: Any, name: str, version: str) -> Any:
-    """Version ``version`` of ``name``, downloaded to a temporary folder: the torch module of a
-    ``pytorch``-flavoured model, or the Python model object of one logged by ``serving_model``."""
+def download_version(spec: TrainJobSpec, client: Any, name: str, version: str, folder: str) -> str:
+    """Version ``version`` of ``name``'s files, copied into ``folder`` (nothing is unpickled); their path."""
+    from mlflow.artifacts import download_artifacts
+
+    return download_artifacts(
+        artifact_uri=client.get_model_version_download_uri(name, version),
+        dst_path=folder,
+        tracking_uri=spec.mlflow.tracking_uri,
+        registry_uri=spec.mlflow.registry_uri or spec.mlflow.tracking_uri,
+    )
+
+
+def load_downloaded(local: str) -> Any:
+    """The model in ``local``: the torch module of a ``pytorch``-flavoured model, or the Python model
+    object of one logged by ``serving_model``."""
     import mlflow.pyfunc
     import mlflow.pytorch
-    from mlflow.artifacts import download_artifacts
     from mlflow.models import Model
 
-    source = client.get_model_version_download_uri(name, version)
+    if "pytorch" in Model.load(local).flavors:
+        return mlflow.pytorch.load_model(local)
+    return mlflow.pyfunc.load_model(local).unwrap_python_model()
+
+
+def load_version(spec: TrainJobSpec, client: Any, name: str, version: str) -> Any:
+    """Version ``version`` of ``name``, downloaded to a temporary folder and loaded (:func:`load_downloaded`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        local = download_artifacts(
-            artifact_uri=source,
-            dst_path=tmp,
-            tracking_uri=spec.mlflow.tracking_uri,
-            registry_uri=spec.mlflow.registry_uri or spec.mlflow.tracking_uri,
-        )
-        if "pytorch" in Model.load(local).flavors:
-            return mlflow.pytorch.load_model(local)
-        return mlflow.pyfunc.load_model(local).unwrap_python_model()
+        return load_downloaded(download_version(spec, client, name, version, tmp))
 
 
 def as_scored(spec: TrainJobSpec, model: Any, plan: dict[str, Any], options: storage.StorageOptions) -> Any:
@@ -244,7 +255,16 @@ def _compare(
     table = read_test_rows(plan, options)
     kwargs: dict[str, Any] = {"spec": spec, "version": version, "plan": plan, "options": options}
     if isolated:
-        champion_figures = clean_process.call(f"{__name__}:score_champion", kwargs, mlflow_auth.credentials())
+        # this process copies the files with its open store and the job's login; the child only
+        # unpickles and scores them, and needs neither (no store to open, no login to hold)
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                local = download_version(spec, client, section.model_name, version, tmp)
+            except Exception as e:
+                raise Skipped(
+                    f"{section.model_name} v{version} could not be loaded: {type(e).__name__}: {e}"
+                ) from e
+            champion_figures = clean_process.call(f"{__name__}:score_champion", kwargs | {"local": local}, {})
     else:
         champion_figures = score_champion(**kwargs)
     challenger_figures = _numbers(evaluate(challenger, spec.config, table))
@@ -262,15 +282,22 @@ def _compare(
 
 
 def score_champion(
-    spec: TrainJobSpec, version: str, plan: dict[str, Any], options: storage.StorageOptions
+    spec: TrainJobSpec,
+    version: str,
+    plan: dict[str, Any],
+    options: storage.StorageOptions,
+    local: str | None = None,
 ) -> dict[str, float]:
     """Version ``version`` of the compared model scored by ``evaluate`` on the plan's test rows (in
-    the caller's process, or in a clean one: :func:`with_champion`'s ``isolated``)."""
+    the caller's process, or in a clean one: :func:`with_champion`'s ``isolated``, which passes the
+    version's files already downloaded, as ``local``)."""
     assert spec.compare is not None
     name, evaluate = spec.compare.model_name, _evaluate_of(spec)
     table = read_test_rows(plan, options)
     try:
-        champion = load_version(spec, tracking.client(spec), name, version)
+        champion = (
+            load_downloaded(local) if local else load_version(spec, tracking.client(spec), name, version)
+        )
     except Exception as e:
         raise Skipped(f"{name} v{version} could not be loaded: {type(e).__name__}: {e}") from e
     try:

@@ -1,0 +1,29 @@
+"""The pipeline benchmark's accounting (``bench/pipeline.py``): ``airflow dags test`` starts its in-process
+execution API when its first task starts; those seconds are the harness's, not the first task's."""
+
+from __future__ import annotations
+
+from bench.pipeline import task_started, without_harness
+
+LOG = """\
+2026-12-05T02:05:56.465714Z [info     ] [DAG TEST] running task <TaskInstance: retrain_tabular.wait_for_partition>
+2026-12-05T02:06:00.218434Z [info     ] Task started                   [airflow.api_fastapi] loc=x.py:226 previous_state=queued ti_id=01a243f3-6d3d-7d76-8b8d-8d7363f1f3d8
+2026-12-05T02:06:00.928226Z [info     ] Task started                   [airflow.api_fastapi] loc=x.py:226 previous_state=queued ti_id=01a243f3-6d3e-726c-ba45-83605dce94cf
+"""  # noqa: E501
+
+
+def test_each_task_starts_where_its_own_code_started_and_the_harness_seconds_are_counted_apart():
+    start = task_started(LOG)
+    sensor_started = start["01a243f36d3d7d768b8d8d7363f1f3d8"]
+    tis = {
+        # as the metadata database stores them: ids without dashes, the first task "started" early
+        "wait_for_partition": {"start": sensor_started - 2.7, "end": sensor_started + 0.15,
+                               "id": "01a243f36d3d7d768b8d8d7363f1f3d8"},
+        "check_cluster": {"start": sensor_started + 0.72, "end": sensor_started + 0.86,
+                          "id": "01a243f36d3e726cba4583605dce94cf"},
+        "unlogged": {"start": 5.0, "end": 6.0, "id": "ffff"},
+    }  # fmt: skip
+    assert round(without_harness(tis, start), 2) == 2.7
+    assert round(tis["wait_for_partition"]["end"] - tis["wait_for_partition"]["start"], 2) == 0.15
+    assert round(tis["check_cluster"]["end"] - tis["check_cluster"]["start"], 2) == 0.14  # unchanged
+    assert tis["unlogged"]["start"] == 5.0
