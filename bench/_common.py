@@ -41,7 +41,9 @@ def setup_env() -> Path:
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
     os.environ.update(cluster_env(ray_state))
-    os.environ["PYTHONPATH"] = str(REPO)  # include/ (emr_ray comes from the editable install)
+    # this tree's plugins/ (emr_ray) and include/, ahead of any installed emr_ray (an editable install
+    # of another checkout): Ray's worker processes inherit it, so actors import the code measured here
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "plugins"), str(REPO)])
     global _ENV_BEFORE_RAY
     _ENV_BEFORE_RAY = _ENV_BEFORE_RAY or "ray" not in sys.modules
     return ray_state

@@ -13,13 +13,20 @@ files under ``.state/bench/data``). Paths:
   they overlap), convert them with ``include.training.loop._tensors`` itself (see
   ``bench._common.worker_tensors``), then take one pass of ``--batch-size`` minibatches. Timed:
   footers + read + convert + one pass. Actor start-up (train-worker start-up) is reported apart.
-  Cold: the first read of fresh actors; warm: the same actors again.
+  Cold: the first read of fresh actors, ``--cold-rounds`` times with new actors (median); warm: the
+  last round's actors again. Each (b) read is paired with a (c) read in this process, in the same
+  page cache state (the files dropped before each cold read of either) and under the same load
+  (cold pairs alternate which goes first): the "same load" verdicts compare these pairs. The
+  actors import this tree's ``plugins/`` and ``include/`` (checked: ``PYTHONPATH`` from
+  ``bench._common.setup_env``), not an installed copy.
 * ``b_raydata``: the feed before this change: ``ray.data.read_parquet(files).materialize()`` on the
   driver, then 2 actors iterate their ``streaming_split(2, equal=True)`` shard with
   ``iter_torch_batches(--batch-size)`` and stack the feature columns. Timed: materialize + one pass;
   actor start-up is reported apart. ``reiterate`` is a second pass over the same materialized data
   (an epoch after the first).
-* ``c``: ``pyarrow.parquet.read_table`` -> ``torch.from_numpy`` in this one process (upper bound).
+* ``c``: ``pyarrow.parquet.read_table`` -> ``torch.from_numpy`` in this one process (upper bound). Its
+  imports (``pyarrow.dataset``, and pandas, which pyarrow's ``to_numpy`` imports on first use) are
+  paid before its first read, as (b)'s actors pay theirs at start-up.
 
 Cold: the first read of a session (fresh Spark session / fresh actors), after dropping the files
 from the OS page cache. Warm: the following reads (``--repeat`` of them). Start-up (``ray.init``,
@@ -109,6 +116,12 @@ class ShardWorker:
     def ready(self) -> int:
         return os.getpid()
 
+    def code(self) -> str:
+        """Where this actor's feed code comes from (the tree under test, not another checkout)."""
+        import emr_ray.cluster.jobs.shards
+
+        return emr_ray.cluster.jobs.shards.__file__
+
     def read(self, config: dict[str, Any], batch_size: int) -> dict[str, Any]:
         from bench._common import worker_tensors
 
@@ -128,84 +141,111 @@ class ShardWorker:
         }
 
 
-def _summary(runs: list[dict[str, Any]], rows: int) -> dict[str, Any]:
-    cold, warm = runs[0], runs[1:]
+def _summary(runs: list[dict[str, Any]], rows: int, cold_rounds: int = 1) -> dict[str, Any]:
+    """Figures of ``runs``: the first ``cold_rounds`` are cold reads (their median is the cold figure)."""
+    cold, warm = runs[:cold_rounds], runs[cold_rounds:]
+    cold_s = statistics.median(r["seconds"] for r in cold)
     warm_s = [r["seconds"] for r in warm]
     return {
         "rows": rows,
-        "cold_s": cold["seconds"],
-        "cold_load1": cold["seconds_load1"],
+        "cold_s": cold_s,
+        "cold_rounds_s": [r["seconds"] for r in cold],
+        "cold_load1": ", ".join(str(r["seconds_load1"]) for r in cold),
         "warm_s": warm_s,
         "warm_load1": [r["seconds_load1"] for r in warm],
         "warm_median_s": statistics.median(warm_s) if warm_s else None,
-        "cold_rows_per_s": rows / cold["seconds"],
+        "cold_rows_per_s": rows / cold_s,
         "warm_rows_per_s": rows / statistics.median(warm_s) if warm_s else None,
         "runs": runs,
     }
 
 
+def c_read(files: list[str], rows: int, *, cold: bool) -> dict[str, Any]:
+    """One (c) read of ``files`` in this process; ``cold``: the files are dropped from the page cache first."""
+    if cold:
+        evict(files)
+    run: dict[str, Any] = {}
+    with timed(run, "seconds"):
+        x, y = read_shard(files)
+    assert len(y) == rows and x.shape == (rows, len(FEATURE_COLUMNS))
+    return run
+
+
 def bench_c(files: list[str], rows: int, repeat: int) -> dict[str, Any]:
-    import pyarrow.parquet  # noqa: F401  (imports are not part of the read)
+    # imports are not part of the read: read_table's own (pyarrow.dataset) and the pandas that
+    # pyarrow's to_numpy imports on its first call, 0.3 s of a first read here
+    import pandas  # noqa: F401
+    import pyarrow.dataset  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
     import torch  # noqa: F401
 
-    runs = []
-    for i in range(repeat + 1):
-        if i == 0:
-            evict(files)
-        run: dict[str, Any] = {}
-        with timed(run, "seconds"):
-            x, y = read_shard(files)
-        assert len(y) == rows and x.shape == (rows, len(FEATURE_COLUMNS))
-        runs.append(run)
-        del x, y
-    return _summary(runs, rows)
+    return _summary([c_read(files, rows, cold=i == 0) for i in range(repeat + 1)], rows)
 
 
-def bench_b(files: list[str], rows: int, repeat: int, batch_size: int, workers: int) -> dict[str, Any]:
-    """The per-worker shard feed. Cold: the first read of freshly started actors; warm: the same actors.
+def bench_b(
+    files: list[str], rows: int, repeat: int, batch_size: int, workers: int, *, cold_rounds: int = 1
+) -> dict[str, Any]:
+    """The per-worker shard feed. Cold: the first read of freshly started actors, ``cold_rounds``
+    times (new actors each round; the median is the figure); warm: the last round's actors again.
 
-    Each warm read is paired with a (c) read in this process just before it, so that the
-    within-2x-of-(c) check can compare reads made under the same machine load.
+    Every (b) read is paired with a (c) read in this process, under the same machine load and the
+    same page cache state: for a cold pair the files are dropped from the page cache before each
+    of the two reads, and the pair's order alternates (c first in even rounds), so neither read
+    finds pages the other brought in nor always comes first after actor start-up; a warm (c) read
+    comes just before each warm (b) read. The within-(c) checks compare these pairs.
     """
     import ray
 
     worker = ray.remote(num_cpus=1)(ShardWorker)
-    result: dict[str, Any] = {}
-    with timed(result, "actor_start_s"):  # not counted: this is train-worker start-up
-        actors = [worker.remote(rank, workers) for rank in range(workers)]
-        ray.get([a.ready.remote() for a in actors])
-    runs, paired_c = [], []
+    result: dict[str, Any] = {"actor_start_s": [], "paired_c_cold_s": [], "paired_c_warm_s": []}
+    runs: list[dict[str, Any]] = []
+    actors: list[Any] = []
+
+    def b_read(cold: bool) -> dict[str, Any]:
+        if cold:
+            evict(files)
+        run: dict[str, Any] = {}
+        with timed(run, "seconds"):
+            with timed(run, "footers_s"):  # the job's planning step: row counts from the footers
+                config = shard_config(footer_rows(files), equal=True)
+            out = ray.get([a.read.remote(config, batch_size) for a in actors])
+        run["rows_per_worker"] = [o["rows"] for o in out]
+        run["batches_per_worker"] = [o["batches"] for o in out]
+        run["worker_read_s"] = [round(o["read_seconds"], 3) for o in out]
+        # equal=True: every worker gets rows // workers rows, at most workers - 1 are dropped
+        assert len(set(run["rows_per_worker"])) == 1 and rows - workers < sum(run["rows_per_worker"]) <= rows
+        return run
+
     try:
-        for i in range(repeat + 1):
-            if i == 0:
-                evict(files)
-            else:
-                c_run: dict[str, Any] = {}
-                with timed(c_run, "seconds"):
-                    x, y = read_shard(files)
-                assert len(y) == rows
-                del x, y
-                paired_c.append(c_run)
-            run: dict[str, Any] = {}
-            with timed(run, "seconds"):
-                with timed(run, "footers_s"):  # the job's planning step: row counts from the footers
-                    config = shard_config(footer_rows(files), equal=True)
-                out = ray.get([a.read.remote(config, batch_size) for a in actors])
-            run["rows_per_worker"] = [o["rows"] for o in out]
-            run["batches_per_worker"] = [o["batches"] for o in out]
-            run["worker_read_s"] = [round(o["read_seconds"], 3) for o in out]
-            # equal=True: every worker gets rows // workers rows, at most workers - 1 are dropped
-            assert (
-                len(set(run["rows_per_worker"])) == 1 and rows - workers < sum(run["rows_per_worker"]) <= rows
-            )
-            runs.append(run)
+        for i in range(cold_rounds):
+            for a in actors:
+                ray.kill(a)
+            start: dict[str, Any] = {}
+            with timed(start, "s"):  # not counted: this is train-worker start-up
+                actors = [worker.remote(rank, workers) for rank in range(workers)]
+                ray.get([a.ready.remote() for a in actors])
+            result["actor_start_s"].append(start["s"])
+            code = sorted(set(ray.get([a.code.remote() for a in actors])))
+            if any(not path.startswith(str(REPO)) for path in code):
+                raise RuntimeError(f"The actors import {code}, not this tree's code ({REPO}).")
+            result["actor_code"] = code
+            if i % 2 == 0:
+                result["paired_c_cold_s"].append(c_read(files, rows, cold=True)["seconds"])
+            runs.append(b_read(cold=True))
+            if i % 2 == 1:
+                result["paired_c_cold_s"].append(c_read(files, rows, cold=True)["seconds"])
+        for _ in range(repeat):
+            result["paired_c_warm_s"].append(c_read(files, rows, cold=False)["seconds"])
+            runs.append(b_read(cold=False))
     finally:
         for a in actors:
             ray.kill(a)
-    result |= _summary(runs, rows)
-    result["actor_start_median_s"] = result["actor_start_s"]
-    result["paired_c_warm_s"] = [r["seconds"] for r in paired_c]
-    result["paired_c_warm_median_s"] = statistics.median(result["paired_c_warm_s"]) if paired_c else None
+    result |= _summary(runs, rows, cold_rounds)
+    result["actor_start_median_s"] = statistics.median(result["actor_start_s"])
+    result["paired_c_cold_median_s"] = statistics.median(result["paired_c_cold_s"])
+    result["paired_c_warm_median_s"] = (
+        statistics.median(result["paired_c_warm_s"]) if result["paired_c_warm_s"] else None
+    )
     result["paired_c_rows"] = rows
     return result
 
@@ -370,6 +410,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="train workers (actors) of b and b_raydata")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"subset of {','.join(PATHS)}")
     parser.add_argument(
+        "--cold-rounds",
+        type=int,
+        default=3,
+        help="b: cold reads, each by fresh actors and paired with a cold (c) read (median reported)",
+    )
+    parser.add_argument(
         "--subset",
         type=_subset,
         action="append",
@@ -419,7 +465,13 @@ def main(argv: list[str] | None = None) -> None:
     result["machine"] = machine()
     try:
         if "b" in chosen:
-            paths["b"] = bench_b(*_files_for("b", files, args), args.repeat, args.batch_size, args.workers)
+            paths["b"] = bench_b(
+                *_files_for("b", files, args),
+                args.repeat,
+                args.batch_size,
+                args.workers,
+                cold_rounds=args.cold_rounds,
+            )
             print(f"b done: cold {paths['b']['cold_s']} s", flush=True)
         if "b_raydata" in chosen:
             paths["b_raydata"] = bench_b_raydata(

@@ -44,8 +44,9 @@ def verdict(paths: dict[str, Any], which: str, key: str) -> dict[str, Any]:
         out["within_2x_c"] = out["slowdown_vs_c"] <= 2
     out["meets_all"] = all(v for k, v in out.items() if k.startswith(("ge_", "faster_", "within_")))
     p = paths[which]
-    if key == "warm" and p.get("paired_c_warm_median_s"):  # (c) read just before each warm read: same load
-        out["slowdown_vs_c_same_load"] = round((p["paired_c_rows"] / p["paired_c_warm_median_s"]) / mine, 2)
+    paired = p.get(f"paired_c_{key}_median_s")  # (c) reads paired with this path's reads: same load
+    if paired:
+        out["slowdown_vs_c_same_load"] = round((p["paired_c_rows"] / paired) / mine, 2)
         out["meets_all_same_load"] = (
             out.get("ge_5x_a_off", False)
             and out.get("faster_than_a_on", False)
@@ -87,10 +88,13 @@ def report(result: dict[str, Any]) -> str:
         b = paths["b"]
         reads = "; ".join(", ".join(f"{t:.2f}" for t in r["worker_read_s"]) for r in b["runs"])
         footers = ", ".join(f"{r['footers_s']:.3f}" for r in b["runs"])
+        starts = ", ".join(f"{t:.2f}" for t in b["actor_start_s"])
+        colds = ", ".join(f"{t:.2f}" for t in b["cold_rounds_s"])
         extra.append(
-            f"(b) actor start {b['actor_start_s']:.2f} s (not counted); footers (in the time) {footers} s; "
+            f"(b) actor start {starts} s (not counted); footers (in the time) {footers} s; "
             f"each worker's plan+read+_tensors per round (s): {reads}; rows per worker "
-            f"{b['runs'][0]['rows_per_worker']}; cold = first read of fresh actors, warm = same actors again"
+            f"{b['runs'][0]['rows_per_worker']}; cold = first read of fresh actors ({len(b['cold_rounds_s'])} "
+            f"rounds, new actors each: {colds} s, median in the table), warm = the last round's actors again"
         )
     if "b_raydata" in paths:
         r = paths["b_raydata"]
@@ -103,6 +107,14 @@ def report(result: dict[str, Any]) -> str:
         extra.append(
             f"(b_raydata) parts (warm median): materialize {r['materialize_median_s']:.2f} s, iterate "
             f"{r['iterate_median_s']:.2f} s{again}; actor start {r['actor_start_median_s']:.2f} s (not counted)"
+        )
+    if paths.get("b", {}).get("paired_c_cold_s"):
+        b = paths["b"]
+        extra.append(
+            f"(b) (c) cold read of all {b['paired_c_rows']:,} rows paired with each cold b read (files dropped "
+            f"from the page cache before each of the two; c first in even rounds): "
+            f"{', '.join(f'{t:.2f}' for t in b['paired_c_cold_s'])} s, median {b['paired_c_cold_median_s']:.2f} s "
+            f"= {per_second(b['paired_c_rows'] / b['paired_c_cold_median_s'])} rows/s"
         )
     for key in TARGETED:
         p = paths.get(key, {})

@@ -85,13 +85,60 @@ class Input:
             return torch.from_numpy(_padded(table.column(self.columns[0]) if n else None, n, self.length,
                                             self.pad, dtype))  # fmt: skip
         if not self.stacked:
-            values = table.column(self.columns[0]).to_numpy() if n else np.empty((0,))
-            return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
+            return torch.from_numpy(_column_array(table.column(self.columns[0]) if n else None, n, dtype))
         matrix = np.empty((n, len(self.columns)), dtype=dtype)
-        for j, column in enumerate(self.columns):
-            if n:
-                matrix[:, j] = table.column(column).to_numpy()
+        if n:
+            for j, column in enumerate(self.columns):
+                _fill(matrix[:, j], table.column(column))
         return torch.from_numpy(matrix)
+
+
+def _column_array(column: Any, n: int, dtype: Any):
+    """A pyarrow column (``None`` when there are no rows) as a fresh numpy array of ``n`` ``dtype``."""
+    import numpy as np
+
+    out = np.empty((n,), dtype=dtype)
+    if n:
+        _fill(out, column)
+    return out
+
+
+def _fill(out: Any, column: Any) -> None:
+    """Copy a pyarrow column's values into ``out`` (a 1-D numpy array or a column of a matrix), chunk
+    by chunk, converting to ``out``'s dtype: one copy, straight from Arrow's buffers.
+
+    Fixed-width numbers without nulls are read as views of their Arrow buffers. pyarrow's own
+    ``to_numpy`` goes through its pandas conversion: a copy per column (all chunks joined) before the
+    copy into ``out``, and the first call in a process imports pandas (0.2-1.0 s in a fresh worker
+    here, more than reading its rows cold: ``bench/results/SUMMARY.md``, 2026-12-05). Anything else
+    (nulls, booleans, dictionaries) still takes ``to_numpy``.
+    """
+    import pyarrow as pa
+
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    start = 0
+    for chunk in chunks:
+        stop = start + len(chunk)
+        if stop > start:
+            out[start:stop] = _numpy(chunk)
+        start = stop
+    if start != len(out):
+        raise ValueError(f"A column of {start} rows for {len(out)} rows; the table's columns must align.")
+
+
+def _numpy(chunk: Any):
+    """One Arrow array as numpy: a read-only view of its buffer for numbers without nulls, else a copy."""
+    import numpy as np
+    import pyarrow as pa
+
+    kind = chunk.type
+    if chunk.null_count == 0 and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        letter = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
+        dtype = np.dtype(f"<{letter}{kind.bit_width // 8}")
+        return np.frombuffer(
+            chunk.buffers()[1], dtype=dtype, count=len(chunk), offset=chunk.offset * dtype.itemsize
+        )
+    return chunk.to_numpy(zero_copy_only=False)
 
 
 def _padded(column: Any, n: int, length: int, pad: float, dtype: Any):
@@ -104,8 +151,12 @@ def _padded(column: Any, n: int, length: int, pad: float, dtype: Any):
     if not n:
         return out
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    values = pc.list_flatten(array).to_numpy(zero_copy_only=False)  # nulls inside a list are not allowed
+    lengths = pc.list_value_length(array)
+    if lengths.null_count:  # a null list pads its row (fill_null only then: a Python scalar imports pandas)
+        lengths = pc.fill_null(lengths, 0)
+    lengths = _column_array(lengths, n, np.int64)
+    flat = pc.list_flatten(array)  # nulls inside a list are not allowed
+    values = _column_array(flat, len(flat), dtype)
     starts = np.cumsum(lengths) - lengths
     keep = np.arange(length)[None, :] < np.minimum(lengths, length)[:, None]
     out[keep] = values[(starts[:, None] + np.arange(length)[None, :])[keep]]
@@ -133,11 +184,13 @@ class BatchSpec:
         import torch
 
         n = table.num_rows if table is not None else 0
-        labels = table.column(self.label).to_numpy() if n else np.empty((0,))
-        extras = {c: torch.from_numpy(np.ascontiguousarray(table.column(c).to_numpy() if n else np.empty((0,)),
-                                                           dtype=np.float64)) for c in self.metric_columns}  # fmt: skip
+
+        def column(name: str, dtype: Any):
+            return torch.from_numpy(_column_array(table.column(name) if n else None, n, dtype))
+
+        extras = {c: column(c, np.float64) for c in self.metric_columns}
         inputs = tuple(i.tensor(table) for i in self.inputs)
-        return inputs, torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)), extras
+        return inputs, column(self.label, np.int64), extras
 
 
 def batch_spec(config: dict[str, Any]) -> BatchSpec:
