@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,46 @@ class Injector:
             time.sleep(1)
         return {"skipped": "no Ray job was running"}
 
+    def kill_spark_executor(self) -> dict[str, Any]:
+        """SIGKILL a live Spark executor (RayDP's ``RayDPExecutor`` actor), mid-job when one runs."""
+        return self._kill_actor("RayDPExecutor")
+
+    def kill_warm_actor(self) -> dict[str, Any]:
+        """SIGKILL one rank of a warm training group (a ``TrainWorker`` actor), mid-job when one runs."""
+        return self._kill_actor("TrainWorker")
+
+    def _kill_actor(self, class_name: str) -> dict[str, Any]:
+        """SIGKILL a live actor of ``class_name``: waits (up to :data:`TARGET_WAIT_S`) for a Ray job to
+        be running, so the kill lands mid-job where it can; the lowest pid of the class."""
+        deadline = time.monotonic() + TARGET_WAIT_S
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            if any(j.get("status") == "RUNNING" for j in self._jobs()):
+                break
+            time.sleep(1)
+        pids = sorted(int(a["pid"]) for a in self._actors(class_name) if a.get("pid"))
+        if not pids:
+            return {"skipped": f"no live {class_name} actor"}
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[0], signal.SIGKILL)
+        return {
+            "target": f"{class_name} [{pids[0]}]",
+            "mid_job": any(j.get("status") == "RUNNING" for j in self._jobs()),
+        }
+
+    def _actors(self, class_name: str) -> list[dict[str, Any]]:
+        """The live actors of ``class_name``, from the dashboard's state API."""
+        assert self.stack.ray is not None
+        query = urllib.parse.urlencode(
+            [("filter_keys", "class_name"), ("filter_predicates", "="), ("filter_values", class_name),
+             ("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", "ALIVE"), ("detail", "1")]
+        )  # fmt: skip
+        request = urllib.request.Request(f"{self.stack.ray.dashboard_url}/api/v0/actors?{query}",
+                                         headers={"Authorization": f"Bearer {self.stack.ray.token}"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = json.loads(response.read())
+        found = (body.get("data") or {}).get("result") or {}
+        return list(found.get("result", []) if isinstance(found, dict) else found)
+
     def _jobs(self) -> list[dict[str, Any]]:
         assert self.stack.ray is not None
         request = urllib.request.Request(f"{self.stack.ray.dashboard_url}/api/jobs/",
@@ -175,6 +216,12 @@ class Injector:
         with self.cos_proxy.fault("status", status=503):
             self.stopping.wait(down_s)
         return {"target": "COS", "requests_refused": self.cos_proxy.counts().get("status", 0) - before}
+
+    def cos_slow_burst(self, down_s: float, delay_s: float) -> dict[str, Any]:
+        before = self.cos_proxy.counts().get("delay", 0)
+        with self.cos_proxy.fault("delay", delay=delay_s):
+            self.stopping.wait(down_s)
+        return {"target": "COS", "requests_delayed": self.cos_proxy.counts().get("delay", 0) - before}
 
     def restart_postgres(self, down_s: float) -> dict[str, Any]:
         server = self.stack.postgres_server

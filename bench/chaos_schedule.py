@@ -23,6 +23,9 @@ KINDS: dict[str, dict[str, tuple[float, float]]] = {
     "restart_postgres": {"down_s": (2, 10)},
     "restart_mlflow": {"down_s": (0, 0)},  # SIGKILL, then started again at once
     "pause_driver": {"down_s": (10, 40)},  # SIGSTOP of a running Ray job's driver, then SIGCONT
+    "kill_spark_executor": {},  # SIGKILL of a live Spark executor (RayDP's executor actor)
+    "kill_warm_actor": {},  # SIGKILL of one rank of a warm training group (a TrainWorker actor)
+    "cos_slow_burst": {"down_s": (10, 30), "delay_s": (1, 4)},  # every COS request waits delay_s first
 }
 
 
