@@ -26,7 +26,7 @@ partition on three example Tencent Cloud EMR shapes (:data:`EXAMPLE_SHAPES`), as
 
 Run inside the loopback-only namespace (measuring starts servers; ``--shapes`` alone starts none)::
 
-    bash scripts/loopback.sh .venv/bin/python -m bench.sizing --check                 # ~25 min here
+    bash scripts/loopback.sh .venv/bin/python -m bench.sizing --check                 # ~30 min here
     .venv/bin/python -m bench.sizing --shapes --results bench/results/sizing-check.json
 """
 
@@ -61,11 +61,11 @@ from bench.sizing_model import (
 #: example shapes, not recommendations: Tencent Cloud CVM instance types that EMR offers (check your
 #: region's list); every node's CPUs and GPUs are Ray's to schedule, Airflow runs elsewhere
 EXAMPLE_SHAPES = (
-    Cluster((Nodes(1, 16, memory_gb=64, kind="S5.4XLARGE64"),), name="1 x S5.4XLARGE64 (16 vCPU, 64 GiB)"),
+    Cluster((Nodes(1, 16, memory_gb=64, kind="S5.4XLARGE64"),), name="1 x S5.4XLARGE64 (16 vCPU)"),
     Cluster((Nodes(4, 16, memory_gb=64, kind="S5.4XLARGE64"),), name="4 x S5.4XLARGE64 (64 vCPU)"),
     Cluster(
         (Nodes(2, 32, memory_gb=128, kind="S5.8XLARGE128"), Nodes(2, 8, gpus=1, memory_gb=32, kind="GN7.2XLARGE32")),
-        name="2 x S5.8XLARGE128 (32 vCPU) + 2 x GN7.2XLARGE32 (8 vCPU, 1 T4), training on 1 GPU",
+        name="2 x S5.8XLARGE128 + 2 x GN7.2XLARGE32 (80 vCPU, 2 T4; training on 1 GPU)",
     ),
 )  # fmt: skip
 #: where --shapes looks for measured costs when no --results is given, first found
@@ -414,19 +414,18 @@ def main(argv: list[str] | None = None) -> None:
     if set(args.nodes) - {1, 2}:
         parser.error("--nodes: 1, 2 or 1,2")
 
-    result: dict[str, Any] = {"machine": machine(), "args": {k: v for k, v in vars(args).items()}}
     costs = None
     if args.measure or args.check:
-        costs = measure_and_check(args, result)
+        costs = measure_and_check(args, {"machine": machine(), "args": vars(args)})
     if args.shapes or args.shape:
-        if costs is None:
-            path = find_results(args.results)
-            costs = load_costs(path, args.contender)
-        shapes = shapes_for(args.shape, args.shapes)
+        try:
+            shapes = shapes_for(args.shape, args.shapes)
+            costs = costs or load_costs(find_results(args.results), args.contender)
+        except ValueError as e:
+            parser.error(str(e))
         rows = [int(r) for r in args.shape_rows.split(",") if r.strip()]
         text = shapes_table(costs, shapes, args.shape_days, rows)
         print(f"\nmeasured costs: {costs.source}\n\n{text}")
-        result["shapes"] = text
 
 
 def measure_and_check(args: argparse.Namespace, result: dict[str, Any]) -> Costs:

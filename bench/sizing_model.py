@@ -12,11 +12,11 @@ partition's latency ``L`` (its tasks end to end, nothing queued) plus ``(N - 1) 
 reserve ``N x`` their CPU- and GPU-seconds per partition.
 
 No constant here is a guess. Each cost is ``fixed + per_1m x rows / 1e6``, fitted over partition sizes
-(:func:`costs_from_sizes`, from ``bench.pipeline``'s per-size measurements); a fit's negative slope is
-the noise of close sizes, counted flat. Two figures that ``airflow dags test`` cannot show come from a
-short backfill through a live Airflow (:func:`calibrate`): Airflow's gaps between a partition's tasks,
-and the machine's CPU-seconds per partition when Airflow and Ray share its cores. The lanes and pool
-slots are the provider's own rule (``devstack.airflow.ray_pool_slots``).
+(:func:`costs_from_sizes`, from ``bench.pipeline``'s per-size measurements); a fit that falls with rows
+is the noise of close sizes, counted flat at the mean. Two figures that ``airflow dags test`` cannot
+show come from a short backfill through a live Airflow (:func:`calibrate`): Airflow's gaps between a
+partition's tasks, and the machine's CPU-seconds per partition when Airflow and Ray share its cores.
+The lanes and pool slots are the provider's own rule (``devstack.airflow.ray_pool_slots``).
 
 Not modelled: memory (the DAG's jobs reserve about 1 GiB per lane, its Spark executor, far below what
 a node offers per CPU), warm replicas started during the backfill (a busy replica's next job waits for
@@ -408,24 +408,29 @@ def assume_gpu_training(costs: Costs, gpus_per_training: float) -> Costs:
 
 
 # -- measured inputs (pure) ------------------------------------------------------------------------
-def _flat_if_falling(line: tuple[float, float] | None) -> Line:
+def _fit(points: list[tuple[float, float]]) -> Line:
+    """``bench.pipeline.linear_fit`` over ``(rows, value)``; where it falls with rows, the flat line that
+    fits best (the mean): the noise of close sizes, not a cost that shrinks."""
+    from bench.pipeline import linear_fit
+
+    line = linear_fit(points)
     if line is None:
         return ZERO
     fixed, per_row = line
-    return Line(round(fixed, 3), round(max(per_row, 0.0) * 1e6, 3))
+    if per_row < 0:
+        return Line(round(sum(y for _, y in points) / len(points), 3))
+    return Line(round(fixed, 3), round(per_row * 1e6, 3))
 
 
 def costs_from_sizes(sizes: list[dict[str, Any]], source: str = "") -> Costs:
     """Costs fitted over ``bench.pipeline.measure_size`` records of two or more partition sizes.
 
     Each figure the model uses is fitted as such with ``bench.pipeline.linear_fit`` (not summed from
-    fitted parts, whose noise over close sizes adds up) and counted flat when it falls with rows: a Ray
+    fitted parts, whose noise over close sizes adds up) and counted flat when it falls with rows (:func:`_fit`): a Ray
     job's wall, CPU- and GPU-seconds (its ``usage``), what its task adds on Airflow's side (submission,
     polls, job exit), every other task's seconds, the gaps (the tasks' span less their sum), and
     ``host_cpu_s`` from each record's ``host`` when ``bench/sizing.py`` measured it.
     """
-    from bench.pipeline import linear_fit
-
     if len({s["rows"] for s in sizes}) < 2:
         raise ValueError(
             f"costs need partitions of two sizes or more, got rows {sorted({s['rows'] for s in sizes})}: "
@@ -433,7 +438,7 @@ def costs_from_sizes(sizes: list[dict[str, Any]], source: str = "") -> Costs:
         )
 
     def fit(value: Callable[[dict[str, Any]], Any]) -> Line:
-        return _flat_if_falling(linear_fit([(s["rows"], float(value(s) or 0.0)) for s in sizes]))
+        return _fit([(s["rows"], float(value(s) or 0.0)) for s in sizes])
 
     ray: dict[str, RayTaskCost] = {}
     for task_id in RAY_TASKS:
