@@ -304,16 +304,18 @@ def fits(sizes: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
 
 
 def backfill(
-    stack, days: int, rows: int, first: dt.date, conf: dict[str, Any] | None = None
+    stack, days: int, rows: int, first: dt.date, conf: dict[str, Any] | None = None, cpus: float | None = None
 ) -> dict[str, Any]:
     """A backfill of ``days`` dates through a running Airflow, with the DAG's own settings; the
-    Ray pools sized for the contender's path (:func:`pool_slots`)."""
+    Ray pools sized for the contender's path (:func:`pool_slots`) from ``cpus``, the cluster's CPUs
+    (default: the stack's head alone; more where nodes joined it)."""
     from devstack.airflow import LocalAirflow
     from emr_ray.params import MAX_ACTIVE_RUNS
     from tests.fixtures.airflow_live import Api, wait_for_runs
 
     dates = [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
-    slots = pool_slots(float(stack.num_cpus), conf or {})
+    cpus = float(cpus or stack.num_cpus)
+    slots = pool_slots(cpus, conf or {})
     airflow = LocalAirflow(stack, stack.root / "airflow-live", port=8080, pool_slots=slots).start()
     try:
         api = Api(airflow)
@@ -342,7 +344,6 @@ def backfill(
         airflow.stop()
     jobs = ray_jobs(stack, set(finished))
     wall = ended - started
-    cpus = float(stack.num_cpus)
     reserved = sum(j["result"].get("usage", {}).get("cpu_seconds_reserved", 0.0) for j in jobs.values())
     per_task: dict[str, list[float]] = {}
     for (_, task_id), job in jobs.items():
@@ -356,6 +357,8 @@ def backfill(
         "dates": dates,
         "states": sorted(r["state"] for r in finished.values()),
         "wall_s": round(wall, 1),
+        "started_at": round(started, 2),
+        "ended_at": round(ended, 2),
         "run_seconds_median": round(statistics.median(durations), 1),
         "ray_pool_slots": slots,
         "max_active_runs": MAX_ACTIVE_RUNS,

@@ -26,7 +26,7 @@ REPO = Path(__file__).parents[2]
 README_PATH = REPO / "README.md"
 README = README_PATH.read_text()
 PAGES = [README_PATH, *sorted((REPO / "docs").glob("*.md"))]
-MAX_README_LINES = 460
+MAX_README_LINES = 470  # 460 until the sizing table (issue 35, item 3), which the issue asks for here
 
 #: where a fenced code block starts and ends
 FENCE = re.compile(r"^ *```[^\n]*\n(.*?)^ *```", re.S | re.M)
