@@ -185,18 +185,20 @@ class Injector:
         }
 
     def _actors(self, class_name: str) -> list[dict[str, Any]]:
-        """The live actors of ``class_name``, from the dashboard's state API."""
+        """The live actors whose class name ends with ``class_name`` (a Java actor's is qualified:
+        RayDP's executor is ``org.apache.spark...RayDPExecutor``), from the dashboard's state API."""
         assert self.stack.ray is not None
         query = urllib.parse.urlencode(
-            [("filter_keys", "class_name"), ("filter_predicates", "="), ("filter_values", class_name),
-             ("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", "ALIVE"), ("detail", "1")]
+            [("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", "ALIVE"), ("detail", "1"),
+             ("limit", "10000")]
         )  # fmt: skip
         request = urllib.request.Request(f"{self.stack.ray.dashboard_url}/api/v0/actors?{query}",
                                          headers={"Authorization": f"Bearer {self.stack.ray.token}"})  # fmt: skip
         with urllib.request.urlopen(request, timeout=30) as response:
             body = json.loads(response.read())
         found = (body.get("data") or {}).get("result") or {}
-        return list(found.get("result", []) if isinstance(found, dict) else found)
+        actors = found.get("result", []) if isinstance(found, dict) else found
+        return [a for a in actors if str(a.get("class_name") or "").split(".")[-1].endswith(class_name)]
 
     def _jobs(self) -> list[dict[str, Any]]:
         assert self.stack.ray is not None
