@@ -39,7 +39,7 @@ def cluster(monkeypatch):
     def make(busy: dict[str, bool], room: bool, frees_while_waited: tuple[str, ...] = ()) -> Cluster:
         c = Cluster(busy, room, frees_while_waited)
         monkeypatch.setattr(warm, "replicas", lambda namespace, key: sorted(c.busy))
-        monkeypatch.setattr(warm, "_room_for", lambda cpus, key: c.room)
+        monkeypatch.setattr(warm, "_room_for", lambda cpus, key, evict: c.room)
         return c
 
     return make
@@ -145,3 +145,19 @@ def test_a_waiting_call_starts_as_soon_as_the_call_before_it_ends_and_gives_up_a
     with cond:
         warm.wait_while(cond, lambda: state["busy"], 0.3)
     assert state["busy"] and 0.3 <= time.monotonic() - started < 5
+
+
+def test_only_a_job_without_a_replica_of_its_kind_evicts_other_idle_pools_to_make_room(cluster, monkeypatch):
+    """Adding a second replica would evict another kind's idle pool, whose next job then starts it
+    again (12-40 s): a job that has a replica to wait for never evicts; one with none may."""
+    asked: list[bool] = []
+    c = cluster({f"{KEY}-0": True}, room=True)  # one replica, busy: this job would scale out
+    monkeypatch.setattr(warm, "_room_for", lambda cpus, key, evict: asked.append(evict) or True)
+    assert warm.serve("ns", KEY, 2, c.attempt, what="group") == f"{KEY}-1"
+    assert asked == [False]
+
+    asked.clear()
+    first = cluster({}, room=True)  # no replica of this kind yet
+    monkeypatch.setattr(warm, "_room_for", lambda cpus, key, evict: asked.append(evict) or True)
+    assert warm.serve("ns", KEY, 2, first.attempt, what="group") == f"{KEY}-0"
+    assert asked == [True]

@@ -279,7 +279,7 @@ def replicas(monkeypatch):
     monkeypatch.setattr(ray, "get", lambda value, **_: value)
     monkeypatch.setattr(warm, "replicas", lambda namespace, key: sorted(live))
     monkeypatch.setattr(warm, "pools", lambda namespace: sorted(live))
-    monkeypatch.setattr(warm, "_room_for", lambda cpus, key: True)
+    monkeypatch.setattr(warm, "_room_for", lambda cpus, key, evict: True)
     monkeypatch.setattr(
         warm_actor, "start", lambda payload, name, args, env: Handle(live.setdefault(name, Pool(name)))
     )

@@ -12,7 +12,8 @@ with one lifecycle (:mod:`.warm_actor`: lease, heartbeat, idle timeout, retire, 
   waits for one otherwise (:func:`serve`). Concurrent runs of one DAG overlap as far as the cluster
   goes, without paying a start-up where a call ends sooner than another replica could start.
 - *Give way*: a job that needs CPUs the idle pools hold releases them first (:func:`release_idle`,
-  over every kind of pool; each pool's ``release_if_idle`` refuses while a job holds its lease).
+  over every kind of pool; each pool's ``release_if_idle`` refuses while a job holds its lease), but
+  only to start the first replica of its kind: one that would add a second waits for the first.
 - *Speak through the job*: a detached actor's own output reaches no job's log, so a call collects
   its log lines (:class:`CallLog`) and the job prints them.
 """
@@ -250,7 +251,7 @@ def serve(
                 return got
             continue
         may_start = not (one_per_job and started & set(live))
-        if may_start and (_room_for(cpus, key) or (not live and waited >= ROOM_WAIT_S)):
+        if may_start and (_room_for(cpus, key, evict=not live) or (not live and waited >= ROOM_WAIT_S)):
             taken = {int(name[len(key) + 1 :]) for name in live}
             name = f"{key}-{min(set(range(len(taken) + 1)) - taken)}"
             started.add(name)
@@ -266,10 +267,20 @@ def serve(
         waited += poll_s
 
 
-def _room_for(cpus: float, key: str) -> bool:
+def _room_for(cpus: float, key: str, *, evict: bool) -> bool:
+    """Whether ``cpus`` are free for another replica of ``key``; with ``evict``, idle pools of other
+    configurations are released first to make the room.
+
+    Only a job with no replica of its kind at all evicts: one that would add a second replica waits
+    instead. Evicting trades the evicted kind's next start-up (12-40 s here) for a wait of about one
+    call (seconds): on a cluster too small for both, a Spark job scaling out released the idle worker
+    group and the next training started it again (a 6-partition backfill on 3 CPUs took 161 s where
+    the same on 6 CPUs took 93 s: ``bench/results/SUMMARY.md``, sizing, 2026-12-05)."""
     import ray
 
     if ray.available_resources().get("CPU", 0.0) >= cpus:
         return True
+    if not evict:
+        return False
     release_idle(cpus, keep=key)
     return ray.available_resources().get("CPU", 0.0) >= cpus
