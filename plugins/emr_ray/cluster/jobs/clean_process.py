@@ -6,10 +6,11 @@ state its code set up) and whatever the MLflow client cached with the job's logi
 to run beside. So rank 0 runs that call here: in a child process that takes one request, runs it,
 answers and exits. Nothing of the call outlives it.
 
-The child is started ahead (:func:`prepare`, after each call) and imports torch and MLflow while rank 0
-waits for its next job, so a call pays for none of that (2-3 s here). It starts without any login in
-its environment: the call's login comes with the request, through a pipe, like its other arguments;
-never in an argument list or an environment another process can read. When rank 0 dies, the child
+The child is started ahead (:func:`prepare`: after each call, and when a run that will compare
+begins) and imports torch and MLflow while rank 0 waits or trains, so a call pays for none of that
+(2-3 s here). It starts without any login in its environment: what a call needs comes with the
+request, through a pipe, like its other arguments; never in an argument list or an environment
+another process can read (the champion's scoring needs no login: rank 0 downloads its files). When rank 0 dies, the child
 reads the end of its input and exits.
 
 Runs on the cluster: never imports Airflow.

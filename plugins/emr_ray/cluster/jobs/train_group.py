@@ -99,10 +99,6 @@ class TrainWorker:
             None  # the running call's checkpoint uploads (train_checkpoints.BackgroundUploads)
         )
         self._login = threading.Lock()  # one call's MLflow login in the environment at a time
-        if rank == 0:  # the first champion comparison finds its process ready, as every later one does
-            from emr_ray.cluster.jobs import clean_process
-
-            clean_process.prepare()
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port: where rank 0 hosts the process group's rendezvous."""

@@ -113,6 +113,10 @@ def begin_run(spec: TrainJobSpec, options: Any, resume_run_id: str | None) -> st
     (read with ``options``): the run's first step, as one call to a warm group's rank 0."""
     from emr_ray.cluster import storage
 
+    if spec.compare is not None:  # a process for the champion, importing while the epochs run
+        from emr_ray.cluster.jobs import clean_process
+
+        clean_process.prepare()
     run_id = start_run(spec, resume_run_id)
     if resume_run_id:
         fsys, path = storage.resolve(storage.join(spec.storage_path, spec.run_name), options)
