@@ -39,7 +39,7 @@ def test_a_partition_landing_in_cos_starts_a_run_for_that_partition(api, live_st
     monkeypatch.setenv("AIRFLOW_CONN_COS_EVENTS", cos_connection_json(live_stack.cos.endpoint))
     hook, day = COSHook("cos_events"), "2026-12-07"
     marker = f"raw/dt={day}/_SUCCESS"
-    wait_parsed(api, WATCHER_DAG)
+    api.wait_parsed(WATCHER_DAG)
     api.call("PATCH", f"/api/v2/dags/{WATCHER_DAG}", {"is_paused": False})
 
     deadline, run = time.monotonic() + 240, None
@@ -75,14 +75,3 @@ def test_a_partition_landing_in_cos_starts_a_run_for_that_partition(api, live_st
     assert len(triggered) == 1, triggered
     # the partition has no data: stop its run rather than let the sensor wait
     api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{triggered[0]['dag_run_id']}", {"state": "failed"})
-
-
-def wait_parsed(api, dag_id: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            api.call("GET", f"/api/v2/dags/{dag_id}", retries=1)
-            return
-        except AssertionError:
-            assert time.monotonic() < deadline, f"the DAG processor never parsed {dag_id}"
-            time.sleep(3)
