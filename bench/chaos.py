@@ -10,13 +10,17 @@ pools are sized for the cluster's CPUs (:func:`devstack.airflow.ray_pool_slots`)
 
 The run: ``--partitions`` raw partitions of ``--rows`` rows for the clean backfill and as many other
 dates for the faulted one. A one-date warm-up backfill starts the warm pools, so that neither pays
-for them; then the clean backfill runs; its wall time is the span over which the
-``--faults`` faults are drawn from ``--seed`` (:mod:`bench.chaos_schedule`; printed, and the same
-seed gives the same faults at the same points) and injected during the faulted backfill
-(:mod:`bench.chaos_faults`, logged to ``chaos-<seed>-faults.jsonl``), while ``--reruns`` manual runs
-of faulted dates race the backfill's runs of the same dates. When the warm pools have had their idle
-time, the audit (:mod:`bench.audit`) checks every date of the three backfills and prints its
-table; the soak exits with the audit's code. Figures go to ``bench/results/chaos-<seed>.json``.
+for them; then the clean backfill runs; its wall time is the span over which the ``--faults``
+faults are drawn from ``--seed`` (:mod:`bench.chaos_schedule`; printed, and the same seed gives the
+same faults at the same points) and injected during the faulted backfill (:mod:`bench.chaos_faults`,
+logged to ``chaos-<seed>-faults.jsonl``). Both backfills are raced alike, so that the ratio is the
+faults' alone: ``--reruns`` manual runs of their own dates, and ``--arrivals`` raw partitions of
+later dates landing in COS while they run, each found by ``retrain_on_arrival``'s asset watcher
+(through the COS fault proxy) and run by it. A wall time is the backfill's start to the end of its
+last run, arrivals' and reruns' included. How Airflow recovered the task of each killed Celery
+worker (its try at the kill, its last try and state) is reported. When the warm pools have had
+their idle time, the audit (:mod:`bench.audit`) checks every date and prints its table; the soak
+exits with the audit's code. Figures go to ``bench/results/chaos-<seed>.json``.
 
 Everything lives under ``.state/bench/chaos`` (removed at start). Run inside the loopback namespace::
 
@@ -35,6 +39,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench._common import REPO, STATE, machine, write_json
@@ -46,6 +51,13 @@ CHEAP = {"epochs": 1, "num_workers": 1}
 #: the warm pools' idle timeout in the soak (the DAGs' Variables), so the audit need not wait 10 min
 WARM_IDLE_S = 30
 FIRST_DATE = dt.date(2026, 6, 1)
+#: the DAG that runs a partition when its ``_SUCCESS`` lands (its asset watcher), and the Variable
+#: whose conf its runs get
+WATCHER_DAG_ID = "retrain_on_arrival"
+ARRIVAL_CONF_VARIABLE = "emr_ray_arrival_conf"
+#: seconds per date of a clean backfill here (2,000 rows, warm): reruns and arrivals are spread over
+#: the first 60% of ``RACE_S_PER_DATE x --partitions`` (or ``--span-s``), alike in both backfills
+RACE_S_PER_DATE = 14.0
 
 
 def _free_port() -> int:
@@ -54,30 +66,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def backfill(api: Any, dates: list[str], conf: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One backfill over ``dates`` through the REST API, waited for; its wall time and run states."""
+def backfill(
+    api: Any,
+    dates: list[str],
+    conf: dict[str, Any],
+    timeout: float,
+    race: Callable[[], list[str]] | None = None,
+) -> dict[str, Any]:
+    """One backfill over ``dates`` through the REST API, waited for with the runs ``race`` starts
+    while it runs (it returns their run ids); the wall time to the last run's end and the states."""
     from emr_ray.params import MAX_ACTIVE_RUNS
     from tests.fixtures.airflow_live import wait_for_runs
 
+    raced: list[str] = []
+    racer = (
+        threading.Thread(target=lambda: raced.extend(race()), name="chaos-race", daemon=True)
+        if race
+        else None
+    )
     body = {"dag_id": DAG_ID, "from_date": f"{dates[0]}T00:00:00Z", "to_date": f"{dates[-1]}T00:00:00Z",
             "reprocess_behavior": "completed", "max_active_runs": MAX_ACTIVE_RUNS, "dag_run_conf": conf}  # fmt: skip
     started = time.monotonic()
     created = api.call("POST", "/api/v2/backfills", body)
+    if racer is not None:
+        racer.start()
     runs: list[dict] = []
     while len(runs) < len(dates):
         runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
         runs = [r for r in runs if str(r["logical_date"])[:10] in dates]
         time.sleep(3)
     finished = wait_for_runs(api, {r["dag_run_id"] for r in runs}, timeout=timeout)
+    if racer is not None:
+        racer.join(timeout=timeout)
+        finished |= wait_for_runs(api, set(raced), timeout=timeout) if raced else {}
     wall = time.monotonic() - started
     try:  # its runs are done; the next backfill needs it closed
         api.call("PUT", f"/api/v2/backfills/{created['id']}/cancel", retries=1)
     except AssertionError:
         pass
-    return {"dates": dates, "wall_s": round(wall, 1), "states": sorted(r["state"] for r in finished.values())}
+    backfilled = {r["dag_run_id"] for r in runs}
+    return {"dates": dates, "wall_s": round(wall, 1),
+            "states": sorted(r["state"] for rid, r in finished.items() if rid in backfilled),
+            "raced": {rid: finished[rid]["state"] for rid in raced}}  # fmt: skip
 
 
-def manual_reruns(api: Any, seed: int, dates: list[str], count: int, span_s: float) -> list[dict[str, Any]]:
+def manual_reruns(
+    api: Any, seed: int, dates: list[str], count: int, span_s: float, tag: str = ""
+) -> list[dict[str, Any]]:
     """Trigger ``count`` manual runs of seeded dates among ``dates`` at seeded seconds within
     ``span_s`` (from now), racing the backfill's runs of the same dates; returns them as triggered."""
     rng = random.Random(f"reruns-{seed}")
@@ -85,12 +120,68 @@ def manual_reruns(api: Any, seed: int, dates: list[str], count: int, span_s: flo
     started, triggered = time.monotonic(), []
     for i, (at_s, date) in enumerate(plan):
         time.sleep(max(0.0, started + at_s - time.monotonic()))
-        run_id = f"manual__chaos-{seed}-{i}-{date}"
+        run_id = f"manual__chaos-{seed}{tag}-{i}-{date}"
         api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
                  {"dag_run_id": run_id, "logical_date": None, "conf": CHEAP | {"partition": date}})  # fmt: skip
         triggered.append({"at_s": at_s, "date": date, "run_id": run_id})
         print(f"chaos: manual rerun {run_id} at {at_s:.0f} s", flush=True)
     return triggered
+
+
+def arrivals(
+    api: Any, stack: Any, seed: int, dates: list[str], span_s: float, rows: int, timeout: float = 600
+) -> list[dict[str, Any]]:
+    """Land the raw partitions of ``dates`` in COS at seeded seconds within ``span_s`` (from now),
+    each as a producer does (data files, then ``_SUCCESS``); ``retrain_on_arrival``'s watcher finds
+    each and triggers a run of it. Returns each date with the ``retrain_tabular`` run that took it."""
+    from include.data import synthetic
+
+    rng = random.Random(f"arrivals-{seed}")
+    plan = sorted(round(rng.uniform(0.1, 0.6) * span_s, 1) for _ in dates)
+    started, landed = time.monotonic(), []
+    for at_s, date in zip(plan, dates, strict=True):
+        time.sleep(max(0.0, started + at_s - time.monotonic()))
+        synthetic.write_partitions(stack.raw_uri, date, 1, rows, stack.storage_options())
+        landed.append({"at_s": at_s, "date": date})
+        print(f"chaos: partition {date} landed at {at_s:.0f} s", flush=True)
+    deadline = time.monotonic() + timeout
+    while True:  # the watcher's run triggers the date's run, with the Variable's conf
+        runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=manual&limit=200")["dag_runs"]
+        taken = {(r.get("conf") or {}).get("partition"): r["dag_run_id"] for r in runs}
+        if all(d["date"] in taken for d in landed):
+            return [d | {"run_id": taken[d["date"]]} for d in landed]
+        assert time.monotonic() < deadline, (
+            f"no run took {[d['date'] for d in landed if d['date'] not in taken]}"
+        )
+        time.sleep(2)
+
+
+def task_finder(api: Any) -> Callable[[str], dict[str, Any] | None]:
+    """For the injector: a running task instance's run, task and try, by its id (a Celery worker's
+    task runner names only the id; a retry gets another one, so it is looked up at the kill)."""
+
+    def find(ti_id: str) -> dict[str, Any] | None:
+        path = f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances?state=running&state=queued&limit=1000"
+        for ti in api.call("GET", path, retries=2)["task_instances"]:
+            if ti["id"] == ti_id:
+                return {"run_id": ti["dag_run_id"], "task_id": ti["task_id"], "try_number": ti["try_number"]}
+        return None
+
+    return find
+
+
+def worker_recoveries(api: Any, fault_log: Any) -> list[dict[str, Any]]:
+    """How Airflow recovered each task a Celery worker was killed under: its run, task and try at
+    the kill (the fault's record), its last try and state (after the runs ended)."""
+    found = []
+    for line in fault_log.read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        killed = record.get("task") if record.get("kind") == "kill_celery_worker" else None
+        if killed:
+            last = api.task_instances(killed["run_id"]).get(killed["task_id"], {})
+            found.append(killed | {"killed_at_s": record["started_s"], "last_try": last.get("try_number"),
+                                   "state": last.get("state")})  # fmt: skip
+    return found
 
 
 def wait_until_quiet(stack: Any, quiet_s: float, timeout: float = 900) -> None:
@@ -122,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=2000, help="rows per raw partition")
     parser.add_argument("--kinds", default=",".join(KINDS), help="the fault kinds to draw from")
     parser.add_argument(
-        "--reruns", type=int, default=2, help="manual runs of faulted dates racing the backfill"
+        "--reruns", type=int, default=2, help="manual runs of each backfill's own dates racing it"
     )
+    parser.add_argument("--arrivals", type=int, default=3,
+                        help="partitions of later dates landing in COS while each backfill runs")  # fmt: skip
     parser.add_argument("--span-s", type=float, default=None,
                         help="seconds to spread the faults over (default: the clean backfill's wall time)")  # fmt: skip
     parser.add_argument("--no-clean", action="store_true", help="skip the clean backfill (give --span-s)")
@@ -143,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     from devstack.ray_head import add_worker_node
     from devstack.stack import LocalStack
     from include.data import synthetic
-    from tests.fixtures.airflow_live import Api, wait_for_runs
+    from tests.fixtures.airflow_live import Api
 
     root = STATE / "chaos"
     shutil.rmtree(root, ignore_errors=True)
@@ -152,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     warmup_dates = [(FIRST_DATE - dt.timedelta(days=1)).isoformat()]
     clean_dates = [(FIRST_DATE + dt.timedelta(days=i)).isoformat() for i in range(n)]
     fault_dates = [(FIRST_DATE + dt.timedelta(days=n + i)).isoformat() for i in range(n)]
+    # the partitions that land during each backfill (their raw data is written only then)
+    a = args.arrivals
+    clean_arrivals = [(FIRST_DATE + dt.timedelta(days=2 * n + i)).isoformat() for i in range(a)]
+    fault_arrivals = [(FIRST_DATE + dt.timedelta(days=2 * n + a + i)).isoformat() for i in range(a)]
     fault_log = root / f"chaos-{seed}-faults.jsonl"
     fault_log.touch()
     result: dict[str, Any] = {
@@ -182,10 +279,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         airflow = LocalAirflow(stack, root / "airflow-home", port=_free_port(), executor="CeleryExecutor",
                                pool_slots=ray_pool_slots(cpus), health_check_s=15, retry_delay_s=10,
-                               task_heartbeat_timeout_s=60)  # fmt: skip
+                               task_heartbeat_timeout_s=60, watch_interval_s=5)  # fmt: skip
         airflow.start()
         api = Api(airflow)
         api.unpause_once_parsed(DAG_ID, timeout_s=300)  # once the DAG processor parsed it
+        # the watcher's first listing takes what is there as history: only the arrivals are news
+        api.call("POST", "/api/v2/variables", {"key": ARRIVAL_CONF_VARIABLE, "value": json.dumps(CHEAP)})
+        api.unpause_once_parsed(WATCHER_DAG_ID, timeout_s=300)
         time.sleep(5)  # unpausing makes the scheduled run of the latest day: not the soak's
         for run in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]:
             api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
@@ -195,28 +295,46 @@ def main(argv: list[str] | None = None) -> int:
         # both backfills start warm (Spark session, worker group, imports): the first run pays that
         result["warmup"] = backfill(api, warmup_dates, CHEAP, args.timeout_s)
         print(f"chaos: warm-up run {json.dumps(result['warmup'])}", flush=True)
+        race_s = args.span_s or RACE_S_PER_DATE * n
+
+        def race(dates: list[str], landing: list[str], tag: str) -> Callable[[], list[str]]:
+            """Reruns of ``dates`` and arrivals of ``landing`` while a backfill runs: their run ids."""
+
+            def start() -> list[str]:
+                found: list[dict[str, Any]] = []
+                thread = threading.Thread(
+                    target=lambda: found.extend(manual_reruns(api, seed, dates, args.reruns, race_s, tag)),
+                    daemon=True,
+                )
+                thread.start()
+                landed = arrivals(api, stack, seed, landing, race_s, args.rows) if landing else []
+                thread.join()
+                result.setdefault("raced", {})[tag] = {"reruns": found, "arrivals": landed}
+                return [r["run_id"] for r in found + landed]
+
+            return start
+
         if not args.no_clean:
-            result["clean"] = backfill(api, clean_dates, CHEAP, args.timeout_s)
+            result["clean"] = backfill(
+                api, clean_dates, CHEAP, args.timeout_s, race(clean_dates, clean_arrivals, "c")
+            )
             print(f"chaos: clean backfill {json.dumps(result['clean'])}", flush=True)
         span = args.span_s or result["clean"]["wall_s"]
         faults = draw(seed, args.faults, span, kinds)
         result["schedule"] = [f.as_dict() for f in faults]
         print(f"chaos: seed {seed}, {len(faults)} faults over {span:.0f} s: "
               + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in faults), flush=True)  # fmt: skip
-        injector = Injector(airflow, stack, jobs_proxy, cos_proxy, fault_log)
+        injector = Injector(airflow, stack, jobs_proxy, cos_proxy, fault_log, find_task=task_finder(api))
         thread = injector.run(faults, time.monotonic())
-        reruns: list[dict[str, Any]] = []
-        racer = threading.Thread(target=lambda: reruns.extend(manual_reruns(api, seed, fault_dates, args.reruns, span)),
-                                 name="chaos-reruns", daemon=True)  # fmt: skip
-        racer.start()
-        result["faulted"] = backfill(api, fault_dates, CHEAP, args.timeout_s)
+        result["faulted"] = backfill(
+            api, fault_dates, CHEAP, args.timeout_s, race(fault_dates, fault_arrivals, "f")
+        )
         thread.join(timeout=600)  # faults still running end (a restart, an outage) before the audit
-        racer.join(timeout=600)
-        finished = wait_for_runs(api, {r["run_id"] for r in reruns}, timeout=args.timeout_s) if reruns else {}
-        result["reruns"] = [r | {"state": finished[r["run_id"]]["state"]} for r in reruns]
         print(f"chaos: faulted backfill {json.dumps(result['faulted'])}", flush=True)
         if "clean" in result:
             result["ratio"] = round(result["faulted"]["wall_s"] / result["clean"]["wall_s"], 2)
+        result["worker_recoveries"] = worker_recoveries(api, fault_log)
+        print(f"chaos: killed Celery workers' tasks {json.dumps(result['worker_recoveries'])}", flush=True)
         result["restarts"] = dict(airflow.restarts)
 
         wait_until_quiet(stack, quiet_s=WARM_IDLE_S + 30 + 30)
@@ -224,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         audit_json = root / "audit.json"
         code = audit.main([
             "--dag", DAG_ID, "--raw-uri", stack.raw_uri, "--staged-uri", f"{stack.staging_uri}/tabular",
-            "--dates", ",".join(warmup_dates + clean_dates + fault_dates), "--airflow-url", airflow.url,
+            "--dates", ",".join(warmup_dates + clean_dates + fault_dates + clean_arrivals + fault_arrivals),
+            "--airflow-url", airflow.url,
             "--airflow-password", airflow.password(), "--logs", str(airflow.home / "logs"),
             "--fault-log", str(fault_log), "--idle-s", "0", "--warm-idle-s", str(WARM_IDLE_S + 30 + 30),
             "--json", str(audit_json),

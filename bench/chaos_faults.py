@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,11 @@ class Injector:
 
     airflow: LocalAirflow
     stack: LocalStack
-    jobs_proxy: FaultProxy
-    cos_proxy: FaultProxy
+    jobs_proxy: FaultProxy | None  # None where no fault of the Jobs API or of COS is drawn
+    cos_proxy: FaultProxy | None
     log_path: Path
+    #: a running task instance's run, task and try by its id (a killed worker's task is reported by them)
+    find_task: Callable[[str], dict[str, Any] | None] | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -101,9 +104,14 @@ class Injector:
                     break
             else:
                 time.sleep(0.5)
+        found = None
+        if task and self.find_task is not None:
+            with contextlib.suppress(Exception):  # the report's detail, never the fault's
+                found = self.find_task(task)
         return self._down_and_up(busy or names[0], down_s) | {
             "mid_task": busy is not None,
             "task_instance": task,
+            **({"task": found} if found else {}),
         }
 
     def kill_scheduler(self, down_s: float) -> dict[str, Any]:
@@ -207,23 +215,34 @@ class Injector:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
+    @staticmethod
+    def _proxy(proxy: FaultProxy | None) -> FaultProxy:
+        assert proxy is not None, "this fault needs its service behind a fault proxy"
+        return proxy
+
     # -- services ----------------------------------------------------------------------------------
     def jobs_api_outage(self, down_s: float) -> dict[str, Any]:
-        with self.jobs_proxy.fault("refuse"):
+        with self._proxy(self.jobs_proxy).fault("refuse"):
             self.stopping.wait(down_s)
         return {"target": "Jobs API"}
 
     def cos_503_burst(self, down_s: float) -> dict[str, Any]:
-        before = self.cos_proxy.counts().get("status", 0)
-        with self.cos_proxy.fault("status", status=503):
+        before = self._proxy(self.cos_proxy).counts().get("status", 0)
+        with self._proxy(self.cos_proxy).fault("status", status=503):
             self.stopping.wait(down_s)
-        return {"target": "COS", "requests_refused": self.cos_proxy.counts().get("status", 0) - before}
+        return {
+            "target": "COS",
+            "requests_refused": self._proxy(self.cos_proxy).counts().get("status", 0) - before,
+        }
 
     def cos_slow_burst(self, down_s: float, delay_s: float) -> dict[str, Any]:
-        before = self.cos_proxy.counts().get("delay", 0)
-        with self.cos_proxy.fault("delay", delay=delay_s):
+        before = self._proxy(self.cos_proxy).counts().get("delay", 0)
+        with self._proxy(self.cos_proxy).fault("delay", delay=delay_s):
             self.stopping.wait(down_s)
-        return {"target": "COS", "requests_delayed": self.cos_proxy.counts().get("delay", 0) - before}
+        return {
+            "target": "COS",
+            "requests_delayed": self._proxy(self.cos_proxy).counts().get("delay", 0) - before,
+        }
 
     def restart_postgres(self, down_s: float) -> dict[str, Any]:
         server = self.stack.postgres_server

@@ -1,5 +1,6 @@
-"""End-to-end tests against a live Airflow, as Airflow's own system tests: one running Airflow
-(API server, scheduler, DAG processor, triggerer; PostgreSQL; the MLflow UI on 127.0.0.1:5000),
+"""End-to-end tests against a live Airflow, as Airflow's own system tests: one running Airflow on the
+production topology (API server, scheduler, DAG processor, triggerer, two Celery workers; PostgreSQL,
+a Redis broker; the MLflow UI on 127.0.0.1:5000),
 started once for this folder and stopped when its last test ends, so it never runs beside the other
 layers' tests (its scheduler, watcher and pools would compete with them for the cluster).
 
@@ -29,11 +30,12 @@ def _airflow_db(airflow_db):
 @pytest.fixture(scope="package")
 def live_stack(stack) -> Iterator[LocalStack]:
     """The session's stack (its state folder, Ray head, COS stand-in and MLflow store) plus a
-    PostgreSQL server for Airflow and the MLflow UI on 127.0.0.1:5000, as ``make airflow`` runs it:
+    PostgreSQL server for Airflow, a Redis broker and the MLflow UI on 127.0.0.1:5000, as ``make
+    airflow EXECUTOR=celery`` runs it:
     the ``mlflow_default`` connection carries its ``ui_url``, so the tasks store links to their run
     and model version."""
     live = LocalStack(stack.root, stack.project_root, cos=stack.cos, ray=stack.ray, mlflow_ui_port=5000,
-                      postgres=True, warm_idle_timeout=30)  # fmt: skip
+                      postgres=True, redis=True, warm_idle_timeout=30)  # fmt: skip
     try:
         yield live.start()
     finally:
@@ -43,10 +45,12 @@ def live_stack(stack) -> Iterator[LocalStack]:
 @pytest.fixture(scope="package")
 def live_airflow(live_stack, tabular_good_run, tmp_path_factory) -> Iterator[LocalAirflow]:
     """The running Airflow (after the session's first ``dags test`` run registered the champion)."""
-    # a killed scheduler's or triggerer's work moves on after 15 s instead of 30-60 s; a landing
-    # partition is seen within 3 s; a retry (Airflow 3.3's deferral race can cost one) waits 10 s, not 2 min
+    # a killed scheduler's or triggerer's work moves on after 15 s instead of 30-60 s, a killed Celery
+    # worker's task after 30 s instead of 5 min; a landing partition is seen within 3 s; a retry
+    # (Airflow 3.3's deferral race can cost one) waits 10 s, not 2 min
     airflow = LocalAirflow(live_stack, tmp_path_factory.mktemp("airflow-live") / "home", port=8080,
-                           health_check_s=15, watch_interval_s=3, retry_delay_s=10)  # fmt: skip
+                           executor="CeleryExecutor", health_check_s=15, task_heartbeat_timeout_s=30,
+                           watch_interval_s=3, retry_delay_s=10)  # fmt: skip
     try:  # stopped even when its start fails: no Airflow left running after the session
         yield airflow.start()
     finally:

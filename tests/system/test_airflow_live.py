@@ -1,5 +1,5 @@
-"""The three ways the DAG is used, on a real running Airflow (API server, scheduler, DAG processor,
-triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI drives it:
+"""Three ways the DAG is used, on a real running Airflow (API server, scheduler, DAG processor,
+triggerer, two Celery workers) on 127.0.0.1, driven through its REST API like the UI drives it:
 
 - a manual run with parameters (partition, epochs, learning rate) through the trigger API: a
   deliberately weak model (one epoch, tiny learning rate) that must not take the champion alias from
@@ -9,19 +9,14 @@ triggerer, LocalExecutor) on 127.0.0.1, driven through its REST API like the UI 
   dashboard's job page (after the token dialog a user meets once), the MLflow run and the model
   version, each served on 127.0.0.1 as ``make airflow`` serves them;
 - the DAG's Retraining tab (the plugin's view) over the manual run: through the API server with a
-  token, and in headless Chromium (a screenshot);
-- a backfill (``POST /api/v2/backfills``) of two historical dates, two runs at a time (the
-  ``ray_spark`` pool widened to 2), raced by a manual run of one of them: every run trains on the
-  generation its own preprocessing committed, which holds exactly the raw partition's rows; the
-  raced date has two whole generations; history leaves ``champion`` where it was.
+  token, and in headless Chromium (a screenshot).
 
-A backfill over dates the session already staged, one of them without data, is
-``test_airflow_restarts``' scheduler test: it runs that backfill with the scheduler killed mid-run.
+The fourth way, a backfill raced by a manual run, is ``test_chaos``'s: it runs with Airflow's
+components killed under it.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import shutil
@@ -35,8 +30,7 @@ from pathlib import Path
 import pytest
 
 from devstack.stack import LocalStack
-from emr_ray.params import SPARK_POOL
-from tests.fixtures.airflow_live import Api, wait_for_runs
+from tests.fixtures.airflow_live import Api, failed_tasks, register_result, wait_for_runs
 from tests.fixtures.pipeline import GOOD, WEAK
 
 pytestmark = pytest.mark.integration
@@ -81,166 +75,6 @@ def test_a_bad_parameter_is_refused_at_trigger_time(api):
         api.call(
             "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {"epochs": 0}}, retries=1
         )
-
-
-RACE = ["2026-10-29", "2026-10-30"]  # raw data written by the race test; no other test uses these dates
-RACE_ROWS = 1000
-
-
-def spark_pool(api: Api, slots: int) -> int:
-    """Set the ``ray_spark`` pool's size (preprocessing tasks); return the size it had."""
-    pool = api.call("GET", f"/api/v2/pools/{SPARK_POOL}")
-    body = {"pool": pool["name"], "slots": slots, "description": pool["description"],
-            "include_deferred": pool["include_deferred"]}  # fmt: skip
-    assert api.call("PATCH", f"/api/v2/pools/{SPARK_POOL}", body)["slots"] == slots
-    return pool["slots"]
-
-
-def failed_tasks(api: Api, run_id: str) -> list[str]:
-    """Each failed task of a run with the last lines of its log: what an operator would read."""
-    report = []
-    for ti in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]:
-        if ti["state"] not in ("failed", "up_for_retry"):
-            continue
-        path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{ti['try_number']}"
-        try:
-            content = api.call("GET", f"{path}?full_content=true", retries=1)["content"]
-            lines = [str(e.get("event", e)) if isinstance(e, dict) else str(e) for e in content]
-        except (AssertionError, KeyError, TypeError) as e:
-            lines = [f"(log unreadable: {e})"]
-        report.append(f"{run_id} {ti['task_id']} try {ti['try_number']}: " + " | ".join(lines[-8:]))
-    return report
-
-
-def register_result(api: Api, run_id: str) -> dict:
-    """The register task's XCom (``MLflowRegisterOperator``'s result) of a run."""
-    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/register/xcomEntries/return_value"
-    value = api.call("GET", path)["value"]
-    return json.loads(value) if isinstance(value, str) else value
-
-
-def overlap(a: dict, b: dict) -> bool:
-    """Whether two runs or task instances (API answers, with start and end dates) ran at the same time."""
-    start_a, end_a, start_b, end_b = (
-        dt.datetime.fromisoformat(x[k])
-        for x, k in ((a, "start_date"), (a, "end_date"), (b, "start_date"), (b, "end_date"))
-    )
-    return start_a < end_b and start_b < end_a
-
-
-@pytest.mark.timeout(1800)  # three pipeline runs, two at a time, on a shared 2-core machine
-def test_backfill_raced_by_a_manual_run_trains_each_run_on_its_own_whole_generation(api, stack):
-    """Issue #12's proof: a backfill of two dates, two runs at a time with the ``ray_spark`` pool
-    widened to 2, raced by a manual run of one of them. Every run succeeds; every model version names
-    the generation its run committed, which holds exactly the raw partition's rows, split without a
-    row lost or duplicated; the raced date has two whole generations; and this history (a backfill,
-    a date older than the champion's) leaves ``champion`` where it was."""
-    import mlflow
-
-    from emr_ray.cluster import partitions, storage
-    from include.data import synthetic
-
-    options = stack.storage_options()
-    synthetic.write_partitions(stack.raw_uri, RACE[0], len(RACE), RACE_ROWS, options)
-    client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
-    champion_before = client.get_model_version_by_alias("tabular-mlp", "champion")
-    assert champion_before.tags["partition"] > RACE[-1], "the race's dates must be older than the champion's"
-    cheap = {"epochs": 1, "num_workers": 1}
-    old_slots = spark_pool(api, 2)
-    try:
-        body = {"dag_id": DAG_ID, "from_date": f"{RACE[0]}T00:00:00Z", "to_date": f"{RACE[-1]}T00:00:00Z",
-                "reprocess_behavior": "completed", "max_active_runs": 2, "dag_run_conf": cheap}  # fmt: skip
-        deadline = time.monotonic() + 180
-        while True:  # the scheduler marks an earlier test's finished backfill complete in its own time
-            try:
-                backfill = api.call("POST", "/api/v2/backfills", body, retries=1)
-                break
-            except AssertionError as e:
-                assert "409" in str(e) and time.monotonic() < deadline, e
-                time.sleep(1)
-        deadline = time.monotonic() + 120
-        while True:
-            runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
-            backfilled = {
-                r["logical_date"][:10]: r["dag_run_id"] for r in runs if r["logical_date"][:10] in RACE
-            }
-            if len(backfilled) == len(RACE):
-                break
-            assert time.monotonic() < deadline, f"backfill {backfill['id']} created {len(backfilled)} runs"
-            time.sleep(3)
-        manual = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {
-            "dag_run_id": "race-manual", "logical_date": None, "conf": {"partition": RACE[0], **cheap},
-        })["dag_run_id"]  # fmt: skip
-        finished = wait_for_runs(api, {*backfilled.values(), manual}, timeout=1500)
-    finally:
-        spark_pool(api, old_slots)
-
-    failed = [rid for rid, r in finished.items() if r["state"] != "success"]
-    assert not failed, "\n".join(line for rid in failed for line in failed_tasks(api, rid))
-    raced = finished[backfilled[RACE[0]]]
-    assert overlap(raced, finished[manual]), "the manual run did not race the backfill"
-    ray_tasks = [ti for rid in finished
-                 for ti in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{rid}/taskInstances")["task_instances"]
-                 if ti["pool"] == SPARK_POOL and ti["start_date"] and ti["end_date"]]  # fmt: skip
-    concurrent = any(overlap(a, b) for i, a in enumerate(ray_tasks) for b in ray_tasks[i + 1 :])
-    assert concurrent, "no two preprocessing tasks ran at once: the pool was not widened"
-
-    date_of = {run_id: date for date, run_id in backfilled.items()} | {manual: RACE[0]}
-    versions = [
-        v
-        for v in client.search_model_versions("name='tabular-mlp'")
-        if v.tags.get("airflow.run_id") in date_of
-    ]
-    assert sorted(v.tags["airflow.run_id"] for v in versions) == sorted(date_of), "one version per run"
-    generations: dict[str, set[str]] = {date: set() for date in RACE}
-    for version in versions:
-        run_id = version.tags["airflow.run_id"]
-        date = date_of[run_id]
-        assert version.tags["partition"] == date
-        staged = storage.partition_uri(stack.staging_uri, "tabular", date)
-        # the generation the version names: still kept (2 commits of a date, keep_generations 3)
-        committed = partitions.pinned(staged, version.tags["generation"])
-        manifest = committed.manifest
-        assert manifest["producer"]["airflow.run_id"] == run_id, "the version names another run's generation"
-        raw = storage.join(stack.raw_uri, f"dt={date}")
-        raw_files = storage.list_parquet_files(raw, options)
-        assert [path for path, _ in manifest["input_files"]] == raw_files
-        assert manifest["rows_in"] == storage.count_parquet_rows(raw_files, raw, options) == RACE_ROWS
-        rows = {}
-        for output in ("train", "test"):  # whole: each listed file there at its committed size and rows
-            files = [path for path, _ in partitions.dataset_files(committed, output)]
-            rows[output] = storage.count_parquet_rows(files, staged)
-            assert rows[output] == manifest["outputs"][output]["rows"] > 0
-        assert rows["train"] + rows["test"] == manifest["rows_in"], "rows lost or duplicated"
-        params = client.get_run(version.run_id).data.params
-        assert params["data.train"] == committed.output_uri("train"), "trained on another generation"
-        assert params["data.test"] == committed.output_uri("test")
-        generations[date].add(committed.generation)
-        # history: registered as challenger; when the figures favour it, the reason says history kept it out
-        result = register_result(api, run_id)
-        assert result["version"] == str(version.version), result
-        assert result["historical"] and not result["promoted"], result
-        why = "a backfill run" if run_id != manual else f"partition {date} is older than the champion's"
-        comparison = result["comparison"] or {}
-        if (
-            comparison.get("champion_value") is not None
-            and comparison["challenger_value"] > comparison["champion_value"]
-        ):
-            assert f"historical run ({why}" in result["reason"], result["reason"]
-    assert len(generations[RACE[0]]) == 2, "the raced date's two runs shared one generation"
-    champion_after = client.get_model_version_by_alias("tabular-mlp", "champion")
-    assert champion_after.version == champion_before.version, "history replaced the champion"
-    # the Retraining tab's rows for the backfill and its rerun: each its own version, generation, cost
-    view = api.call(
-        "GET", f"/emr-ray/retraining/api/dags/{DAG_ID}?page_size=100&from={RACE[0]}&to={RACE[-1]}"
-    )
-    shown = {row["run_id"]: row for row in view["rows"] if row["run_id"] in date_of}
-    assert sorted(shown) == sorted(date_of), view["rows"]
-    by_run = {v.tags["airflow.run_id"]: v for v in versions}
-    for run_id, row in shown.items():
-        assert row["run_type"] == ("manual" if run_id == manual else "backfill"), row
-        assert row["version"] == str(by_run[run_id].version) and row["decision"] == "challenger", row
-        assert row["generation"] == by_run[run_id].tags["generation"] and row["cpu_seconds"] > 0, row
 
 
 @contextmanager
