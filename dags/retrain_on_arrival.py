@@ -5,6 +5,8 @@ Instead of a daily schedule, an asset watcher (``COSKeyTrigger`` in the triggere
 those events and triggers ``retrain_tabular`` once per landed partition, with the ``partition``
 param, so the partition is processed by the same DAG (pool, retries, promotion rules) as a manual
 run. Markers already there when the watcher first starts are history, not news: backfill those.
+The triggered runs take ``retrain_tabular``'s default Params, or those of the ``emr_ray_arrival_conf``
+Variable (a JSON object, for example ``{"epochs": 1}``), read when each run is triggered.
 
 The watched location is fixed when the DAG is parsed (a trigger's arguments are not templated), so
 it comes from the environment where Airflow parses DAGs: ``EMR_RAY_RAW_URI`` (default: the local
@@ -18,7 +20,7 @@ import os
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
-from emr_ray.params import history_start, task_defaults
+from emr_ray.params import ARRIVAL_CONF_VARIABLE, arrival_conf, history_start, task_defaults
 from emr_ray.triggers.cos import COSKeyTrigger
 
 RAW_URI = os.environ.get("EMR_RAY_RAW_URI", "cos://emr-ray-demo-1250000000/raw").rstrip("/")
@@ -51,14 +53,22 @@ with DAG(
 ) as dag:
 
     @task
-    def landed_partitions(triggering_asset_events=None) -> list[dict[str, str]]:
-        """The partitions of the asset events behind this run (several may have landed at once)."""
+    def landed_partitions(triggering_asset_events=None) -> list[dict]:
+        """The conf of a run for each partition of the asset events behind this run (several may
+        have landed at once): its partition and the ``emr_ray_arrival_conf`` Variable's Params."""
+        from airflow.sdk import Variable
+        from airflow.sdk.exceptions import AirflowFailException
+
         dates = {
             (event.extra or {}).get("payload", {}).get("partition")
             for events in (triggering_asset_events or {}).values()
             for event in events
         }
-        return [{"partition": day} for day in sorted(d for d in dates if d)]
+        variable = Variable.get(ARRIVAL_CONF_VARIABLE, default=None)
+        try:
+            return [arrival_conf(day, variable) for day in sorted(d for d in dates if d)]
+        except ValueError as e:  # a retry reads the same Variable
+            raise AirflowFailException(str(e)) from e
 
     TriggerDagRunOperator.partial(
         task_id="retrain",

@@ -223,3 +223,31 @@ def spark_session_param() -> Any:
         "(no Spark start-up per partition; released when the cluster needs its CPUs); job: each "
         "preprocessing job starts and stops its own.",
     )
+
+
+#: the Params of the runs ``retrain_on_arrival`` triggers, beside their partition: this Variable (a
+#: JSON object of ``retrain_tabular``'s Params; none by default, so the DAG's defaults)
+ARRIVAL_CONF_VARIABLE = "emr_ray_arrival_conf"
+
+
+def arrival_conf(partition: str, variable: str | None) -> dict[str, Any]:
+    """The conf of the run of one landed ``partition``: its partition, plus the Params the
+    :data:`ARRIVAL_CONF_VARIABLE` Variable holds (``variable``, its text; None when unset). Raises
+    ``ValueError`` naming the Variable and the fix when it is not a JSON object or names the partition."""
+    import json
+
+    if variable is None or not variable.strip():
+        return {"partition": partition}
+    fix = 'set it to a JSON object of retrain_tabular\'s Params (for example {"epochs": 1}) or delete it'
+    try:
+        params = json.loads(variable)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"The {ARRIVAL_CONF_VARIABLE} Variable is not JSON ({e}): {fix}") from e
+    if not isinstance(params, dict):
+        raise ValueError(
+            f"The {ARRIVAL_CONF_VARIABLE} Variable is a JSON {type(params).__name__}, not an object: {fix}"
+        )
+    if "partition" in params:
+        raise ValueError(f"The {ARRIVAL_CONF_VARIABLE} Variable sets 'partition', which each run takes from the "
+                         "partition that landed: remove it")  # fmt: skip
+    return params | {"partition": partition}

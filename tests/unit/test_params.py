@@ -11,9 +11,11 @@ import pytest
 
 from emr_ray.cluster import storage
 from emr_ray.params import (
+    ARRIVAL_CONF_VARIABLE,
     PARTITION_PATTERN,
     PARTITION_TEMPLATE,
     RETRY_DELAY_ENV,
+    arrival_conf,
     committed_generation,
     committed_output,
     partition_param,
@@ -83,3 +85,25 @@ def test_every_task_retries_two_minutes_apart_unless_the_environment_says_otherw
     monkeypatch.setenv(RETRY_DELAY_ENV, "2m")
     with pytest.raises(ValueError, match="EMR_RAY_RETRY_DELAY='2m' is not a number of seconds"):
         task_defaults()
+
+
+@pytest.mark.parametrize("variable", [None, "", "  "])
+def test_an_arrivals_run_without_the_variable_gets_its_partition_and_the_dags_defaults(variable):
+    assert arrival_conf("2026-12-01", variable) == {"partition": "2026-12-01"}
+
+
+def test_the_arrival_variables_params_join_each_arrivals_partition():
+    assert arrival_conf("2026-12-01", '{"epochs": 1, "num_workers": 1}') == {
+        "epochs": 1, "num_workers": 1, "partition": "2026-12-01"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("variable", "why"),
+    [("{epochs: 1}", "is not JSON"), ("[1]", "is a JSON list, not an object"),
+     ('{"partition": "2026-01-01"}', "sets 'partition'")],
+)  # fmt: skip
+def test_a_bad_arrival_variable_is_refused_naming_it_and_the_fix(variable, why):
+    with pytest.raises(ValueError, match=f"{ARRIVAL_CONF_VARIABLE} Variable {why}") as refused:
+        arrival_conf("2026-12-01", variable)
+    assert "remove it" in str(refused.value) or "delete it" in str(refused.value)
