@@ -145,8 +145,9 @@ def arrivals(
         landed.append({"at_s": at_s, "date": date})
         print(f"chaos: partition {date} landed at {at_s:.0f} s", flush=True)
     deadline = time.monotonic() + timeout
-    while True:  # the watcher's run triggers the date's run, with the Variable's conf
-        runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=manual&limit=200")["dag_runs"]
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=operator_triggered&run_type=manual&limit=100"
+    while True:  # the watcher's run triggers the date's run (Airflow 3.1's operator_triggered), with the Variable's conf
+        runs = api.call("GET", path)["dag_runs"]
         taken = {(r.get("conf") or {}).get("partition"): r["dag_run_id"] for r in runs}
         if all(d["date"] in taken for d in landed):
             return [d | {"run_id": taken[d["date"]]} for d in landed]
