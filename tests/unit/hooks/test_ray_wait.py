@@ -175,20 +175,20 @@ def test_a_job_pending_for_busy_resources_may_start_later():
 @pytest.mark.parametrize(
     "age_s, poll_interval, expected",
     [
-        (0.0, 5.0, 1.0),  # just started: poll again in a second
+        (0.0, 5.0, 0.25),  # just started: poll again in a quarter of a second
         (20.0, 5.0, 2.0),  # a tenth of its age
         (600.0, 5.0, 5.0),  # never more than poll_interval
         (20.0, 0.5, 0.5),  # never less than a poll_interval shorter than the minimum
     ],
 )
 def test_a_young_job_is_polled_more_often_than_an_old_one(age_s, poll_interval, expected):
-    from emr_ray.hooks.ray_wait import poll_delay
+    from emr_ray.hooks.ray_wait import MIN_POLL_SECONDS, poll_delay
 
     now = 1_800_000_000.0
     assert (
         poll_delay({"status": "RUNNING", "start_time": (now - age_s) * 1000}, now, poll_interval) == expected
     )
-    assert poll_delay(None, now, poll_interval) == min(1.0, poll_interval)  # not seen yet
+    assert poll_delay(None, now, poll_interval) == min(MIN_POLL_SECONDS, poll_interval)  # not seen yet
 
 
 def test_a_driver_whose_node_agent_has_no_http_port_fails_at_once_naming_the_port():

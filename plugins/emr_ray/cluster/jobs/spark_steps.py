@@ -17,7 +17,7 @@ from typing import Any
 
 from emr_ray.cluster import file_records, partitions, retention, storage
 from emr_ray.cluster.jobs._runtime import JobInputError
-from emr_ray.cluster.jobs.validation import value_problems
+from emr_ray.cluster.jobs.validation import count_and_check
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings, import_by_path
 
 log = logging.getLogger("emr_ray.cluster.jobs.spark")
@@ -150,6 +150,14 @@ def write_output(df, uri: str, options: storage.StorageOptions) -> list[dict[str
     return records
 
 
+def written_rows(records: list[dict[str, Any]] | None, uri: str, options: storage.StorageOptions) -> int:
+    """The rows an output's write wrote: what its writers recorded, else (Spark's own writer) the
+    written files' Parquet footers. Not a Spark count: that would compute the output a second time."""
+    if records is not None:
+        return sum(int(record["rows"]) for record in records)
+    return storage.count_parquet_rows(storage.list_parquet_files(uri, options), uri, options)
+
+
 def validate_columns(df, required: list[str], uri: str) -> None:
     missing = [c for c in required if c not in df.columns]
     if missing:
@@ -214,8 +222,8 @@ def preprocess_partition(
         df = read_partition(spark, input_uri, files, options).cache()
         cached.append(df)
         validate_columns(df, config.get("required_columns", []), input_uri)
-        raise_if(value_problems(df, config.get("finite_columns", [])), input_uri)
-        rows_in = df.count()
+        rows_in, problems = count_and_check(df, config.get("finite_columns", []))
+        raise_if(problems, input_uri)
         log.info("Read %d rows from %s", rows_in, input_uri)
         lap("read")
         if rows_in == 0:
@@ -226,12 +234,10 @@ def preprocess_partition(
         written: dict[str, Any] = {}
         # from its first file on, the lease tells housekeeping this writer is active, however long it writes
         lease.enter_context(partitions.writer_lease(output_uri, generation, options))
-        for name, out in outputs.items():
-            out = out.cache()
-            cached.append(out)
-            rows = out.count()
-            lap("compute")
-            records = write_output(out, partitions.output_uri(output_uri, generation, name), options)
+        for name, out in outputs.items():  # computed once, as it is written: no count, no cache
+            uri = partitions.output_uri(output_uri, generation, name)
+            records = write_output(out, uri, options)
+            rows = written_rows(records, uri, options)
             lap("write")
             written[name] = {"rows": rows,
                              "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
