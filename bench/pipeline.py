@@ -90,13 +90,18 @@ CONTENDERS = {
     "shared": {"spark_session": "shared", "worker_group": "job"},
     "warm": {"spark_session": "shared", "worker_group": "shared"},
     "warm_defer_at_once": {"spark_session": "shared", "worker_group": "shared"},
+    "warm_queue3": {"spark_session": "shared", "worker_group": "shared"},
 }
+#: slots of each Ray pool per warm lane, where a contender differs from the sizing rule's
+#: (``devstack.airflow.WARM_SLOTS_PER_LANE``): ``warm_queue3`` has two tasks' jobs wait at a busy
+#: replica instead of one, so the Airflow side of the next task has two calls' time to get there
+WARM_SLOTS_PER_LANE = {"warm_queue3": 3}
 #: how long each contender's Ray tasks watch their job before deferring (the DAGs'
 #: ``emr_ray_defer_after`` Variable, set in the environment of its runs): the path before issue 17
 #: deferred at once; ``warm`` against ``warm_defer_at_once`` shows what watching does
 #: a task's own start in ``airflow dags test``'s log (the execution API's "Task started")
 TASK_STARTED = re.compile(r"^(?P<at>\S+Z) \[info\s*\] Task started .* ti_id=(?P<ti_id>[0-9a-f-]+)")
-DEFER_AFTER = {"job": 0, "shared": 30, "warm": 30, "warm_defer_at_once": 0}
+DEFER_AFTER = {"job": 0, "shared": 30, "warm": 30, "warm_defer_at_once": 0, "warm_queue3": 0}
 
 
 def use_contender(name: str) -> None:
@@ -137,13 +142,16 @@ def split_task(
     return {k: round(v, 2) for k, v in parts.items()}
 
 
-def pool_slots(cpus: float, conf: dict[str, Any]) -> int:
+def pool_slots(cpus: float, conf: dict[str, Any], contender: str = "") -> int:
     """Slots of each Ray pool (``ray_spark``, ``ray_train``) for a contender, as the README's sizing
     rule says (a lane being a Spark job and a training side by side): two per lane on the warm pools
-    when the preprocessing runs in a shared Spark session, else one (each job starts its own)."""
+    when the preprocessing runs in a shared Spark session (or the contender's own count), else one
+    (each job starts its own)."""
+    from devstack.airflow import WARM_SLOTS_PER_LANE as RULE
     from devstack.airflow import ray_pool_slots
 
-    return ray_pool_slots(cpus, warm=conf.get("spark_session") == "shared")
+    per_lane = WARM_SLOTS_PER_LANE.get(contender, RULE)
+    return ray_pool_slots(cpus, warm=conf.get("spark_session") == "shared", warm_slots_per_lane=per_lane)
 
 
 def busy_timeline(spans: list[tuple[float, float]], start: float, end: float) -> dict[str, float]:
@@ -304,8 +312,9 @@ def fits(sizes: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
 
 
 def backfill(
-    stack, days: int, rows: int, first: dt.date, conf: dict[str, Any] | None = None, cpus: float | None = None
-) -> dict[str, Any]:
+    stack, days: int, rows: int, first: dt.date, conf: dict[str, Any] | None = None, cpus: float | None = None,
+    contender: str = "",
+) -> dict[str, Any]:  # fmt: skip
     """A backfill of ``days`` dates through a running Airflow, with the DAG's own settings; the
     Ray pools sized for the contender's path (:func:`pool_slots`) from ``cpus``, the cluster's CPUs
     (default: the stack's head alone; more where nodes joined it)."""
@@ -315,7 +324,7 @@ def backfill(
 
     dates = [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
     cpus = float(cpus or stack.num_cpus)
-    slots = pool_slots(cpus, conf or {})
+    slots = pool_slots(cpus, conf or {}, contender)
     airflow = LocalAirflow(stack, stack.root / "airflow-live", port=8080, pool_slots=slots).start()
     try:
         api = Api(airflow)
@@ -547,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
                                            options)  # fmt: skip
                 try:
                     per[contender]["backfill"] = backfill(stack, args.backfill_days, args.backfill_rows, first,
-                                                          CONTENDERS[contender])  # fmt: skip
+                                                          CONTENDERS[contender], contender=contender)  # fmt: skip
                     print(f"{contender}: backfill {per[contender]['backfill']['wall_s']} s", flush=True)
                 except Exception as e:  # the per-size figures above are still written
                     per[contender]["backfill_error"] = f"{type(e).__name__}: {e}"

@@ -61,9 +61,14 @@ CPUS_PER_RAY_TASK = 2
 CPUS_PER_WARM_LANE = 3
 
 
+#: slots of each Ray pool per warm lane: one task's job in the lane's replica, one waiting at it
+WARM_SLOTS_PER_LANE = 2
+
+
 def ray_pool_slots(
-    num_cpus: float, num_gpus: float = 0, *, warm: bool = True, gpus_per_lane: float = 0
-) -> int:
+    num_cpus: float, num_gpus: float = 0, *, warm: bool = True, gpus_per_lane: float = 0,
+    warm_slots_per_lane: int = WARM_SLOTS_PER_LANE,
+) -> int:  # fmt: skip
     """Slots of each Ray pool (``ray_spark`` and ``ray_train``), never 0.
 
     A lane is one Spark job and one training running whole side by side: :data:`CPUS_PER_WARM_LANE`
@@ -82,7 +87,7 @@ def ray_pool_slots(
     lanes = int(num_cpus // (CPUS_PER_WARM_LANE if warm else 2 * CPUS_PER_RAY_TASK))
     if gpus_per_lane:
         lanes = min(lanes, int(num_gpus // gpus_per_lane))
-    return 2 * lanes if warm and lanes else max(1, lanes)
+    return warm_slots_per_lane * lanes if warm and lanes else max(1, lanes)
 
 
 @dataclass
