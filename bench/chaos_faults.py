@@ -175,16 +175,19 @@ class Injector:
         return self._kill_actor("TrainWorker")
 
     def _kill_actor(self, class_name: str) -> dict[str, Any]:
-        """SIGKILL a live actor of ``class_name``: waits (up to :data:`TARGET_WAIT_S`) for a Ray job to
-        be running, so the kill lands mid-job where it can; the lowest pid of the class."""
+        """SIGKILL a live actor of ``class_name`` (the lowest pid): waits (up to :data:`TARGET_WAIT_S`)
+        for one to be alive while a Ray job runs, so the kill lands mid-job where it can. (A warm
+        Spark session's executors live only while the session does: it stops when idle.)"""
         deadline = time.monotonic() + TARGET_WAIT_S
-        while time.monotonic() < deadline and not self.stopping.is_set():
-            if any(j.get("status") == "RUNNING" for j in self._jobs()):
+        pids: list[int] = []
+        while not self.stopping.is_set():
+            pids = sorted(int(a["pid"]) for a in self._actors(class_name) if a.get("pid"))
+            running = any(j.get("status") == "RUNNING" for j in self._jobs())
+            if (pids and running) or time.monotonic() >= deadline:
                 break
             time.sleep(1)
-        pids = sorted(int(a["pid"]) for a in self._actors(class_name) if a.get("pid"))
         if not pids:
-            return {"skipped": f"no live {class_name} actor"}
+            return {"skipped": f"no live {class_name} actor within {TARGET_WAIT_S:.0f} s"}
         with contextlib.suppress(ProcessLookupError):
             os.kill(pids[0], signal.SIGKILL)
         return {
