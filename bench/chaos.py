@@ -76,7 +76,7 @@ def backfill(
     """One backfill over ``dates`` through the REST API, waited for with the runs ``race`` starts
     while it runs (it returns their run ids); the wall time to the last run's end and the states."""
     from emr_ray.params import MAX_ACTIVE_RUNS
-    from tests.fixtures.airflow_live import wait_for_runs
+    from tests.fixtures.airflow_live import backfill_runs, wait_for_runs
 
     raced: list[str] = []
     racer = (
@@ -90,11 +90,7 @@ def backfill(
     created = api.call("POST", "/api/v2/backfills", body)
     if racer is not None:
         racer.start()
-    runs: list[dict] = []
-    while len(runs) < len(dates):
-        runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
-        runs = [r for r in runs if str(r["logical_date"])[:10] in dates]
-        time.sleep(3)
+    runs = list(backfill_runs(api, dates).values())
     finished = wait_for_runs(api, {r["dag_run_id"] for r in runs}, timeout=timeout)
     if racer is not None:
         racer.join(timeout=timeout)
@@ -145,9 +141,8 @@ def arrivals(
         landed.append({"at_s": at_s, "date": date})
         print(f"chaos: partition {date} landed at {at_s:.0f} s", flush=True)
     deadline = time.monotonic() + timeout
-    path = f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=operator_triggered&run_type=manual&limit=100"
     while True:  # the watcher's run triggers the date's run (Airflow 3.1's operator_triggered), with the Variable's conf
-        runs = api.call("GET", path)["dag_runs"]
+        runs = api.runs("&run_type=operator_triggered&run_type=manual")
         taken = {(r.get("conf") or {}).get("partition"): r["dag_run_id"] for r in runs}
         if all(d["date"] in taken for d in landed):
             return [d | {"run_id": taken[d["date"]]} for d in landed]
@@ -288,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         api.call("POST", "/api/v2/variables", {"key": ARRIVAL_CONF_VARIABLE, "value": json.dumps(CHEAP)})
         api.unpause_once_parsed(WATCHER_DAG_ID, timeout_s=300)
         time.sleep(5)  # unpausing makes the scheduled run of the latest day: not the soak's
-        for run in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]:
+        for run in api.runs("&run_type=scheduled"):
             api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
         result["setup_s"] = round(time.monotonic() - began, 1)
         print(f"chaos: the stack is up in {result['setup_s']} s; {cpus} Ray CPUs on 2 nodes", flush=True)

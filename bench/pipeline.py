@@ -320,7 +320,7 @@ def backfill(
     (default: the stack's head alone; more where nodes joined it)."""
     from devstack.airflow import LocalAirflow
     from emr_ray.params import MAX_ACTIVE_RUNS
-    from tests.fixtures.airflow_live import Api, wait_for_runs
+    from tests.fixtures.airflow_live import Api, backfill_runs, wait_for_runs
 
     dates = [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
     cpus = float(cpus or stack.num_cpus)
@@ -333,14 +333,9 @@ def backfill(
                 "reprocess_behavior": "completed", "max_active_runs": MAX_ACTIVE_RUNS, "dag_run_conf": conf or {}}  # fmt: skip
         started = time.time()
         created = api.call("POST", "/api/v2/backfills", body)
-        runs: list[dict] = []
-        while len(runs) < days:
-            runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
-            # this backfill's runs, not an earlier one's
-            runs = [r for r in runs if str(r["logical_date"])[:10] in dates]
-            time.sleep(3)
+        runs = list(backfill_runs(api, dates).values())
         # unpausing also made the scheduled run of the latest day: not ours (its sensor only waits)
-        for run in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]:
+        for run in api.runs("&run_type=scheduled"):
             api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
         finished = wait_for_runs(api, {r["dag_run_id"] for r in runs}, timeout=4 * 3600)
         ended = max(_utc(r["end_date"]) for r in finished.values())

@@ -24,7 +24,7 @@ WATCHER_DAG = "retrain_on_arrival"
 
 def test_the_scheduled_run_owns_the_day_that_has_completed(api):
     today = dt.datetime.now(dt.UTC).date()
-    runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=scheduled")["dag_runs"]
+    runs = api.runs("&run_type=scheduled")
     assert runs, "unpausing created no scheduled run"
     run = max(runs, key=lambda r: r["data_interval_end"])
     yesterday = (today - dt.timedelta(days=1)).isoformat()
@@ -67,11 +67,7 @@ def test_a_partition_landing_in_cos_starts_a_run_for_that_partition(api, live_st
     # paused only now: the tasks of a paused DAG's running run are not scheduled
     api.call("PATCH", f"/api/v2/dags/{WATCHER_DAG}", {"is_paused": True})
     assert state == "success"
-    triggered = [
-        r
-        for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
-        if (r.get("conf") or {}).get("partition") == day
-    ]
+    triggered = [r for r in api.runs() if (r.get("conf") or {}).get("partition") == day]
     assert len(triggered) == 1, triggered
     # the partition has no data: stop its run rather than let the sensor wait
     api.call("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{triggered[0]['dag_run_id']}", {"state": "failed"})

@@ -106,9 +106,7 @@ def airflow_ui(api: Api, tmp_path: Path) -> Iterator:
 def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):
     """Headless Chromium logs in, fills the trigger form's parameters and submits; the run it started
     succeeds. Dry run, so only the checks run."""
-    before = {
-        r["dag_run_id"] for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
-    }
+    before = {r["dag_run_id"] for r in api.runs()}
     with airflow_ui(api, tmp_path) as page:
         page.get_by_test_id("trigger-dag-button").click()
         page.fill('[name="element_partition"]', GOOD)
@@ -117,12 +115,7 @@ def test_trigger_form_in_the_ui_starts_a_run(api, tmp_path):
         page.get_by_test_id("trigger-dag-submit").click()
         page.wait_for_timeout(3000)
     deadline = time.monotonic() + 60
-    while not (
-        new := {
-            r["dag_run_id"] for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
-        }
-        - before
-    ):
+    while not (new := {r["dag_run_id"] for r in api.runs()} - before):
         assert time.monotonic() < deadline, "the trigger form started no run"
         time.sleep(2)
     finished = wait_for_runs(api, new)

@@ -42,6 +42,7 @@ from devstack.stack import LocalStack
 from tests.fixtures.airflow_live import (
     DAG_ID,
     Api,
+    backfill_runs,
     failed_tasks,
     overlap,
     register_result,
@@ -77,19 +78,12 @@ def start_backfill(api: Api, dates: list[str]) -> dict[str, str]:
     deadline = time.monotonic() + 180
     while True:  # the scheduler marks an earlier test's finished backfill complete in its own time
         try:
-            backfill = api.call("POST", "/api/v2/backfills", body, retries=1)
+            api.call("POST", "/api/v2/backfills", body, retries=1)
             break
         except AssertionError as e:
             assert "409" in str(e) and time.monotonic() < deadline, e
             time.sleep(1)
-    deadline = time.monotonic() + 120
-    while True:
-        runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
-        mine = {r["logical_date"][:10]: r["dag_run_id"] for r in runs if r["logical_date"][:10] in dates}
-        if len(mine) == len(dates):
-            return mine
-        assert time.monotonic() < deadline, f"backfill {backfill['id']} created {len(mine)} runs"
-        time.sleep(1)
+    return {date: run["dag_run_id"] for date, run in backfill_runs(api, dates, timeout=120).items()}
 
 
 @pytest.mark.timeout(1800)
