@@ -90,11 +90,12 @@ def read_partition(spark, uri: str, files: list[str], options: storage.StorageOp
         import pyarrow.parquet as pq
 
         for batch in batches:
-            for path in batch.column("path").to_pylist():
-                yield from pq.read_table(path, filesystem=fsys).to_batches()
+            for index in batch.column("id").to_pylist():
+                yield from pq.read_table(files[index], filesystem=fsys).to_batches()
 
-    paths = spark.createDataFrame([(f,) for f in files], "path string").repartition(len(files))
-    return paths.mapInArrow(read, schema)
+    # one Spark partition per file, by index: a range in as many slices as files needs no shuffle
+    # (a DataFrame of the paths spread with repartition() was one more stage per read)
+    return spark.range(0, len(files), 1, numPartitions=len(files)).mapInArrow(read, schema)
 
 
 def write_output(df, uri: str, options: storage.StorageOptions) -> list[dict[str, Any]] | None:
