@@ -170,6 +170,41 @@ def busy_timeline(spans: list[tuple[float, float]], start: float, end: float) ->
     return {"idle_s": round(idle, 1), "max_concurrent_jobs": most}
 
 
+def lane_gaps(jobs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    """Where one warm lane (the jobs of one task kind, each a call on the lane's pool) sat idle.
+
+    Each job: ``submitted`` and ``ended`` (the Jobs API's, epoch s), ``held_s`` (its call's seconds)
+    and ``idle_before_s`` (how long the pool sat idle before its call, as the pool reported it). A gap
+    before a call is split into the seconds no job was waiting yet (the next task's job was submitted
+    after the previous job ended: Airflow's side) and the rest (the job's own way to the pool: Ray's
+    job start-up, the driver's imports and checks). The first call's gap (the pool's idle before the
+    backfill) is not counted."""
+    ordered = sorted(jobs, key=lambda j: j["ended"])
+    gaps = {"not_submitted_s": 0.0, "job_start_s": 0.0}
+    for before, job in zip(ordered, ordered[1:], strict=False):
+        gap = max(float(job["idle_before_s"]), 0.0)
+        late = min(max(job["submitted"] - before["ended"], 0.0), gap)
+        gaps["not_submitted_s"] += late
+        gaps["job_start_s"] += gap - late
+    busy = sum(float(j["held_s"]) for j in jobs)
+    return {"calls": len(jobs), "busy_s": round(busy, 1), "busy_share": round(busy / wall, 3) if wall else 0.0,
+            **{k: round(v, 1) for k, v in gaps.items()}}  # fmt: skip
+
+
+def lanes(jobs: dict[tuple[str, str], dict[str, Any]], wall: float) -> dict[str, dict[str, Any]]:
+    """:func:`lane_gaps` of each warm lane (the jobs that borrowed a warm pool), by task id."""
+    per_task: dict[str, list[dict[str, Any]]] = {}
+    for (_, task_id), job in jobs.items():
+        usage = job["result"].get("usage", {})
+        held = [v["seconds"] for k, v in usage.get("held", {}).items() if k.startswith("actor:Shared")]
+        if held:
+            per_task.setdefault(task_id, []).append({
+                "submitted": job["submitted"], "ended": job["ended"], "held_s": sum(held),
+                "idle_before_s": usage.get("pool_idle", {}).get("seconds", 0.0),
+            })  # fmt: skip
+    return {task_id: lane_gaps(js, wall) for task_id, js in per_task.items()}
+
+
 # -- measuring --------------------------------------------------------------------------------------
 def _utc(text: str | None) -> float:
     when = dt.datetime.fromisoformat(str(text))
@@ -372,6 +407,7 @@ def backfill(
         "utilisation": round(reserved / (cpus * wall), 3),
         "jobs": len(jobs),
         **busy_timeline([(j["submitted"], j["ended"]) for j in jobs.values()], started, ended),
+        "lanes": lanes(jobs, wall),
         "load1_end": round(os.getloadavg()[0], 2),
     }
 
@@ -432,6 +468,11 @@ def report(result: dict[str, Any]) -> str:
             f"{b['ray_pool_slots']} slot(s) each; max_active_runs {b['max_active_runs']}); no Ray job "
             f"running for {b['idle_s']:.0f} s of the {b['wall_s']:.0f} s",
         ]
+        for task_id, lane in b.get("lanes", {}).items():
+            text.append(f"- {task_id}'s warm pool: busy {lane['busy_share']:.0%} of the wall ({lane['calls']} calls, "
+                        f"{lane['busy_s']:.0f} s); idle between calls {lane['not_submitted_s']:.0f} s before the next "
+                        f"job was submitted (Airflow's side), {lane['job_start_s']:.0f} s while it made its way "
+                        "to the pool (Ray's job start-up, the driver's imports and checks)")  # fmt: skip
     return "\n".join(text)
 
 

@@ -33,6 +33,39 @@ SCHEMA = {**dict.fromkeys(FEATURE_COLUMNS, "double"), "label": "int64"}
 ROWS = 400
 
 
+def no_room_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job: every free CPU of the cluster held by other work (a placement group, as a training's
+    worker group holds them), then a shared session started; what its start said, and the sessions
+    left live."""
+    import ray
+
+    from emr_ray.cluster.jobs import spark_session
+    from emr_ray.cluster.jobs.spark_steps import spark_configs
+    from emr_ray.cluster.spec import SparkSettings
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+    free = ray.available_resources().get("CPU", 0.0)
+    held = ray.util.placement_group([{"CPU": free}]) if free else None
+    if held is not None:
+        ray.get(held.ready(), timeout=60)
+    name = f"{spark_session.NAME_PREFIX}-no-room-{uuid.uuid4().hex[:6]}"
+    settings = SparkSettings(app_name=name, session="shared")
+    actor = (
+        spark_session.WarmSpark.actor_class()
+        .options(name=name, namespace=spark_session.NAMESPACE, lifetime="detached")
+        .remote(name, settings, spark_configs(), {}, 30, executors_wait_s=float(spec["wait_s"]))
+    )
+    try:
+        ray.get(actor.acquire.remote(0.0))
+        error = ""
+    except ray.exceptions.RayActorError as e:
+        error = str(e)
+    finally:
+        if held is not None:
+            ray.util.remove_placement_group(held)
+    return {"error": error[-3000:], "name": name, "sessions": spark_session.sessions()}
+
+
 def kill_sessions_job(spec: dict[str, Any]) -> dict[str, Any]:
     """The job: kill every shared session, as an operator's ``ray kill`` would; their names."""
     import ray
@@ -46,13 +79,19 @@ def kill_sessions_job(spec: dict[str, Any]) -> dict[str, Any]:
     return {"sessions": names}
 
 
-def kill_sessions() -> list[str]:
+def run_job(job: str, **spec: Any) -> dict[str, Any]:
+    """``<job>_job`` of this module, run as a Ray job by the provider's operator."""
     from emr_ray.operators.ray import RayJobOperator
 
     op = RayJobOperator(
-        task_id="sessions", job_module="tests.integration.test_spark_session", poll_interval=0.5
-    )
-    return op.execute({"ti": FakeTaskInstance("sessions")})["sessions"]
+        task_id=job, job_module="tests.integration.test_spark_session", spec={"job": job, **spec},
+        poll_interval=0.5,
+    )  # fmt: skip
+    return op.execute({"ti": FakeTaskInstance(job)})
+
+
+def kill_sessions() -> list[str]:
+    return run_job("kill_sessions")["sessions"]
 
 
 def shared_sessions() -> list[str]:
@@ -271,5 +310,16 @@ def test_a_cleared_preprocessing_recomputes_a_raw_partition_landed_again_and_a_r
     )
 
 
+def test_a_session_none_of_whose_executors_can_be_placed_stops_and_says_why(ray_conn):
+    """A warm session started while the cluster had room, whose CPUs other work took before its
+    executor was placed (found by a 30-partition backfill: a second session scaling out as the training
+    group started; its job waited 16 minutes): its start fails, naming the cause, and it is gone, so
+    the job waits for a live session instead of a session that can run nothing."""
+    out = run_job("no_room", wait_s=3)
+    assert "no Spark executor of this session could be placed on the cluster in 3s" in out["error"]
+    assert "CPUs are held by other work" in out["error"]
+    assert out["name"] not in out["sessions"] and out["name"] not in shared_sessions()
+
+
 if __name__ == "__main__":
-    main(kill_sessions_job)
+    main(lambda spec: globals()[f"{spec.get('job', 'kill_sessions')}_job"](spec))

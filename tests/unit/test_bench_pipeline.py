@@ -3,7 +3,7 @@ execution API when its first task starts; those seconds are the harness's, not t
 
 from __future__ import annotations
 
-from bench.pipeline import task_started, without_harness
+from bench.pipeline import lane_gaps, task_started, without_harness
 
 LOG = """\
 2026-12-05T02:05:56.465714Z [info     ] [DAG TEST] running task <TaskInstance: retrain_tabular.wait_for_partition>
@@ -27,3 +27,16 @@ def test_each_task_starts_where_its_own_code_started_and_the_harness_seconds_are
     assert round(tis["wait_for_partition"]["end"] - tis["wait_for_partition"]["start"], 2) == 0.15
     assert round(tis["check_cluster"]["end"] - tis["check_cluster"]["start"], 2) == 0.14  # unchanged
     assert tis["unlogged"]["start"] == 5.0
+
+
+def test_a_lanes_idle_seconds_are_split_into_airflows_side_and_the_jobs_way_to_the_pool():
+    """Three calls on one pool: the second job was waiting before the first ended (its 1 s gap is its
+    own way to the pool); the third was submitted 3 s after the second ended, and its 4 s gap is
+    those 3 s of Airflow's side and 1 s of its own."""
+    jobs = [
+        {"submitted": 100.0, "ended": 110.0, "held_s": 8.0, "idle_before_s": 50.0},
+        {"submitted": 105.0, "ended": 121.0, "held_s": 9.0, "idle_before_s": 1.0},
+        {"submitted": 124.0, "ended": 135.0, "held_s": 6.0, "idle_before_s": 4.0},
+    ]
+    lane = lane_gaps(jobs, wall=46.0)
+    assert lane == {"calls": 3, "busy_s": 23.0, "busy_share": 0.5, "not_submitted_s": 3.0, "job_start_s": 2.0}

@@ -16,7 +16,9 @@ session's own part: start Spark, run a partition's steps, stop Spark.
   configuration share its sessions; a job with another configuration (other code, other executors)
   gets its own: never a mix. A session serves one job at a time: a job that finds every replica busy
   waits for one at most as long as it took to start, then starts another if the cluster has room,
-  and waits for one otherwise (:func:`emr_ray.cluster.jobs.warm.serve`). The job holds the session's
+  and waits for one otherwise (:func:`emr_ray.cluster.jobs.warm.serve`). A new session none of whose
+  executors is placed within ``EXECUTORS_WAIT_S`` (the room was taken meanwhile) stops, and the job
+  waits for a live one. The job holds the session's
   lease for its call; the call runs in the session, which finishes it even if the job is killed.
 - *Idle timeout.* A session that ran nothing for ``idle_timeout_s`` stops Spark and exits, freeing its
   executors.
@@ -45,7 +47,13 @@ from typing import Any
 
 from emr_ray.cluster import storage
 from emr_ray.cluster.jobs import warm, warm_actor
-from emr_ray.cluster.jobs.spark_steps import preprocess_partition, start_spark
+from emr_ray.cluster.jobs.spark_steps import (
+    EXECUTORS_WAIT_S,
+    NoRoomForExecutors,
+    preprocess_partition,
+    start_spark,
+    wait_for_executors,
+)
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings
 
 log = logging.getLogger("emr_ray.cluster.jobs.spark_session")
@@ -101,13 +109,21 @@ class WarmSpark(warm_actor.WarmActor):
     LAPSE_RETIRES = False  # its calls run in it: once they end, a killed job's lease leaves it sound
 
     def __init__(self, name: str, settings: SparkSettings, configs: dict[str, str], env: dict[str, str],
-                 idle_timeout_s: float, **lifecycle: Any) -> None:  # fmt: skip
+                 idle_timeout_s: float, executors_wait_s: float = EXECUTORS_WAIT_S, **lifecycle: Any) -> None:  # fmt: skip
         self.settings, self.configs, self.env = settings, configs, env
+        self.executors_wait_s = executors_wait_s
         super().__init__(name, idle_timeout_s, **lifecycle)
 
     def start(self) -> None:
+        """Start Spark and wait for an executor: a session none of whose executors could be placed
+        stops and fails its start (the job then waits for a live session), never serves a call."""
         os.environ.update(self.env)  # e.g. HADOOP_USER_NAME, read by the JVM raydp starts next
         self.spark = start_spark(f"emr-ray-shared-{self.name}", self.settings, self.configs)
+        try:
+            wait_for_executors(self.spark, self.executors_wait_s)
+        except NoRoomForExecutors:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         import raydp

@@ -202,6 +202,37 @@ def start_spark(app_name: str, settings: SparkSettings, configs: dict[str, str])
     return spark
 
 
+#: how long a warm session's start waits for its first executor to be placed and registered
+EXECUTORS_WAIT_S = 60.0
+
+
+class NoRoomForExecutors(RuntimeError):
+    """A Spark session started, but the cluster could not place any of its executors."""
+
+
+def wait_for_executors(spark: Any, timeout_s: float = EXECUTORS_WAIT_S, poll_s: float = 0.2) -> int:
+    """Wait until at least one executor of ``spark`` has registered; how many have.
+
+    RayDP asks Ray for the executors once the session has started; when other work took the CPUs in
+    between (a warm session scaling out while a training's worker group starts on a small cluster),
+    none is placed and every Spark job of the session waits without end ("Initial job has not
+    accepted any resources": 16 minutes in a backfill here, until the group idled out). Raises
+    :class:`NoRoomForExecutors` after ``timeout_s``."""
+    context = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        executors = int(context.getExecutorMemoryStatus().size()) - 1  # the driver is listed too
+        if executors >= 1:
+            return executors
+        if time.monotonic() > deadline:
+            raise NoRoomForExecutors(
+                f"no Spark executor of this session could be placed on the cluster in {timeout_s:.0f}s: "
+                "its CPUs are held by other work (a training's worker group, another session); the job "
+                "waits for a live session instead, or add CPUs to the cluster"
+            )
+        time.sleep(poll_s)
+
+
 def preprocess_partition(
     spark: Any,
     spec: SparkJobSpec,
