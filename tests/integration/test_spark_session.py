@@ -34,9 +34,9 @@ ROWS = 400
 
 
 def no_room_job(spec: dict[str, Any]) -> dict[str, Any]:
-    """The job: every free CPU of the cluster held by other work (a placement group, as a training's
-    worker group holds them), then a shared session started; what its start said, and the sessions
-    left live."""
+    """The job: a shared session whose executor asks for more CPUs than the cluster has free, ever
+    (so no idle pool of another test stopping meanwhile can make room); what its start said, and the
+    sessions left live."""
     import ray
 
     from emr_ray.cluster.jobs import spark_session
@@ -44,12 +44,9 @@ def no_room_job(spec: dict[str, Any]) -> dict[str, Any]:
     from emr_ray.cluster.spec import SparkSettings
 
     ray.init(address="auto", logging_level=logging.WARNING)
-    free = ray.available_resources().get("CPU", 0.0)
-    held = ray.util.placement_group([{"CPU": free}]) if free else None
-    if held is not None:
-        ray.get(held.ready(), timeout=60)
+    cores = int(ray.cluster_resources().get("CPU", 0)) + 1
     name = f"{spark_session.NAME_PREFIX}-no-room-{uuid.uuid4().hex[:6]}"
-    settings = SparkSettings(app_name=name, session="shared")
+    settings = SparkSettings(app_name=name, executor_cores=cores, session="shared")
     actor = (
         spark_session.WarmSpark.actor_class()
         .options(name=name, namespace=spark_session.NAMESPACE, lifetime="detached")
@@ -60,9 +57,6 @@ def no_room_job(spec: dict[str, Any]) -> dict[str, Any]:
         error = ""
     except ray.exceptions.RayActorError as e:
         error = str(e)
-    finally:
-        if held is not None:
-            ray.util.remove_placement_group(held)
     return {"error": error[-3000:], "name": name, "sessions": spark_session.sessions()}
 
 
@@ -311,10 +305,10 @@ def test_a_cleared_preprocessing_recomputes_a_raw_partition_landed_again_and_a_r
 
 
 def test_a_session_none_of_whose_executors_can_be_placed_stops_and_says_why(ray_conn):
-    """A warm session started while the cluster had room, whose CPUs other work took before its
-    executor was placed (found by a 30-partition backfill: a second session scaling out as the training
-    group started; its job waited 16 minutes): its start fails, naming the cause, and it is gone, so
-    the job waits for a live session instead of a session that can run nothing."""
+    """A warm session none of whose executors can be placed (found by a 30-partition backfill: a second
+    session scaled out as the training group took the CPUs; its job waited 16 minutes; here, an
+    executor larger than the cluster): its start fails, naming the cause, and it is gone, so the job
+    waits for a live session instead of a session that can run nothing."""
     out = run_job("no_room", wait_s=3)
     assert "no Spark executor of this session could be placed on the cluster in 3s" in out["error"]
     assert "CPUs are held by other work" in out["error"]
