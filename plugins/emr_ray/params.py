@@ -35,23 +35,41 @@ def history_start() -> Any:
 
 #: the environment variable that sets the seconds between a task's tries in the provider's DAGs
 RETRY_DELAY_ENV = "EMR_RAY_RETRY_DELAY"
-#: the default: long enough for a restarted component (a Jobs API, a scheduler) to be back
-DEFAULT_RETRY_DELAY_S = 120
+#: the default delay before a task's first retry, tripled before each next one (Airflow adds up to as
+#: much again as jitter): 20-40 s, then 60-120 s. The first retry comes soon because the commonest
+#: failure a retry mends costs nothing to retry: Airflow 3.3.2 fails a deferred task whose trigger
+#: fired before the scheduler saw the deferring process exit (apache/airflow#67287, #72716; 3 of 60
+#: deferrals in a 30-partition backfill), and the retry reattaches to the finished Ray job. The second
+#: waits long enough for a restarted component (a Jobs API, a scheduler) to be back.
+DEFAULT_RETRY_DELAY_S = 20
+RETRY_BACKOFF = 3.0
+#: the longest wait between two tries, however many retries a task is given
+MAX_RETRY_DELAY_S = 600
 
 
 def task_defaults(retries: int = 2) -> dict[str, Any]:
-    """The DAGs' ``default_args``: ``retries`` tries more, ``EMR_RAY_RETRY_DELAY`` seconds apart (120).
+    """The DAGs' ``default_args``: ``retries`` tries more, 20-40 s after the failure and then 3x longer
+    each time (:data:`DEFAULT_RETRY_DELAY_S`); ``EMR_RAY_RETRY_DELAY`` seconds apart, constant, where
+    that is set.
 
     One copy for every DAG. Read from the environment when the DAG is parsed (never a database query);
-    a test stack sets a few seconds so that a retry it provokes does not wait two minutes.
+    a test stack sets a few seconds so that a retry it provokes does not wait minutes.
     """
     import datetime as dt
 
-    value = os.environ.get(RETRY_DELAY_ENV) or str(DEFAULT_RETRY_DELAY_S)
+    value = os.environ.get(RETRY_DELAY_ENV)
+    if not value:
+        return {
+            "retries": retries,
+            "retry_delay": dt.timedelta(seconds=DEFAULT_RETRY_DELAY_S),
+            "retry_exponential_backoff": RETRY_BACKOFF,
+            "max_retry_delay": dt.timedelta(seconds=MAX_RETRY_DELAY_S),
+            "owner": "ml-platform",
+        }
     try:
         delay = dt.timedelta(seconds=float(value))
     except ValueError as e:
-        raise ValueError(f"{RETRY_DELAY_ENV}={value!r} is not a number of seconds like 120.") from e
+        raise ValueError(f"{RETRY_DELAY_ENV}={value!r} is not a number of seconds like 20.") from e
     return {"retries": retries, "retry_delay": delay, "owner": "ml-platform"}
 
 

@@ -77,14 +77,35 @@ def test_a_context_without_any_date_has_no_partition():
     assert run_partition({"ds": "2026-11-02"}) == "2026-11-02"
 
 
-def test_every_task_retries_two_minutes_apart_unless_the_environment_says_otherwise(monkeypatch):
+def test_a_task_retries_soon_then_three_times_later_unless_the_environment_sets_a_constant_delay(monkeypatch):
     monkeypatch.delenv(RETRY_DELAY_ENV, raising=False)
-    assert task_defaults()["retries"] == 2 and task_defaults()["retry_delay"].total_seconds() == 120
+    defaults = task_defaults()
+    assert defaults["retries"] == 2 and defaults["retry_delay"].total_seconds() == 20
+    assert defaults["retry_exponential_backoff"] == 3.0 and defaults["max_retry_delay"].total_seconds() == 600
     monkeypatch.setenv(RETRY_DELAY_ENV, "10")
-    assert task_defaults(retries=1)["retry_delay"].total_seconds() == 10
+    defaults = task_defaults(retries=1)
+    assert defaults["retry_delay"].total_seconds() == 10 and "retry_exponential_backoff" not in defaults
     monkeypatch.setenv(RETRY_DELAY_ENV, "2m")
     with pytest.raises(ValueError, match="EMR_RAY_RETRY_DELAY='2m' is not a number of seconds"):
         task_defaults()
+
+
+def test_the_dags_retries_come_20_to_40_s_then_60_to_120_s_after_a_failure():
+    """Airflow's own arithmetic (``TaskInstance.next_retry_datetime``) on the defaults: the first retry
+    soon, for a failure that costs nothing to retry; the second after a restarted component is back."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from airflow.models.taskinstance import TaskInstance
+
+    task = SimpleNamespace(**{k: v for k, v in task_defaults().items() if k != "owner"})
+    end = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    waits = []
+    for try_number in (1, 2):
+        ti = SimpleNamespace(task=task, try_number=try_number, end_date=end, retry_delay_override=None,
+                             dag_id="retrain_tabular", task_id="train", logical_date=end, log=None)  # fmt: skip
+        waits.append((TaskInstance.next_retry_datetime(ti) - end).total_seconds())
+    assert 20 <= waits[0] < 40 and 60 <= waits[1] < 120
 
 
 @pytest.mark.parametrize("variable", [None, "", "  "])
