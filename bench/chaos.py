@@ -35,7 +35,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -44,6 +43,7 @@ from typing import Any
 
 from bench._common import REPO, STATE, machine, write_json
 from bench.chaos_schedule import KINDS, draw
+from devstack.ports import free_port
 
 DAG_ID = "retrain_tabular"
 #: small data and one epoch on one worker: seconds of work per partition, the rest is the platform
@@ -58,12 +58,6 @@ ARRIVAL_CONF_VARIABLE = "emr_ray_arrival_conf"
 #: seconds per date of a clean backfill here (2,000 rows, warm): reruns and arrivals are spread over
 #: the first 60% of ``RACE_S_PER_DATE x --partitions`` (or ``--span-s``), alike in both backfills
 RACE_S_PER_DATE = 14.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def backfill(
@@ -256,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     began = time.monotonic()
     stack = LocalStack(root, REPO, num_cpus=2, postgres=True, mlflow_on_postgres=True, redis=True,
-                       mlflow_ui_port=_free_port(), warm_idle_timeout=WARM_IDLE_S)  # fmt: skip
+                       mlflow_ui_port=free_port(), warm_idle_timeout=WARM_IDLE_S)  # fmt: skip
     airflow = jobs_proxy = cos_proxy = injector = None
     try:
         stack.start()
@@ -273,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         synthetic.write_partitions(
             stack.raw_uri, warmup_dates[0], 2 * n + 1, args.rows, stack.storage_options()
         )
-        airflow = LocalAirflow(stack, root / "airflow-home", port=_free_port(), executor="CeleryExecutor",
+        airflow = LocalAirflow(stack, root / "airflow-home", port=free_port(), executor="CeleryExecutor",
                                pool_slots=ray_pool_slots(cpus), health_check_s=15, retry_delay_s=10,
                                task_heartbeat_timeout_s=60, watch_interval_s=5)  # fmt: skip
         airflow.start()

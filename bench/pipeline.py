@@ -91,7 +91,17 @@ CONTENDERS = {
     "warm": {"spark_session": "shared", "worker_group": "shared"},
     "warm_defer_at_once": {"spark_session": "shared", "worker_group": "shared"},
     "warm_queue3": {"spark_session": "shared", "worker_group": "shared"},
+    "warm_rest": {"spark_session": "shared", "worker_group": "shared"},
+    "warm_rest_runs16": {"spark_session": "shared", "worker_group": "shared"},
 }
+#: contenders whose tasks and jobs reach MLflow through its tracking server (REST, as a deployment
+#: does and the chaos soak; the server over the same store): the others open the store itself
+#: (SQLAlchemy), which costs each registration about 0.65 s of imports before its first query
+MLFLOW_SERVER = {"warm_rest", "warm_rest_runs16"}
+#: runs of a backfill active at once, where a contender differs from the DAGs' ``MAX_ACTIVE_RUNS``:
+#: by Little's law a backfill keeps ``max_active_runs / run latency`` runs per second moving, and a
+#: run's latency grows with the queues at the Ray pools
+MAX_ACTIVE_RUNS_OF = {"warm_rest_runs16": 16}
 #: slots of each Ray pool per warm lane, where a contender differs from the sizing rule's
 #: (``devstack.airflow.WARM_SLOTS_PER_LANE``): ``warm_queue3`` has two tasks' jobs wait at a busy
 #: replica instead of one, so the Airflow side of the next task has two calls' time to get there
@@ -101,12 +111,24 @@ WARM_SLOTS_PER_LANE = {"warm_queue3": 3}
 #: deferred at once; ``warm`` against ``warm_defer_at_once`` shows what watching does
 #: a task's own start in ``airflow dags test``'s log (the execution API's "Task started")
 TASK_STARTED = re.compile(r"^(?P<at>\S+Z) \[info\s*\] Task started .* ti_id=(?P<ti_id>[0-9a-f-]+)")
-DEFER_AFTER = {"job": 0, "shared": 30, "warm": 30, "warm_defer_at_once": 0, "warm_queue3": 0}
+DEFER_AFTER = {
+    "job": 0,
+    "shared": 30,
+    "warm": 30,
+    "warm_defer_at_once": 0,
+    "warm_queue3": 0,
+    "warm_rest": 0,
+    "warm_rest_runs16": 0,
+}
 
 
-def use_contender(name: str) -> None:
-    """Set the contender's Variables for the ``dags test`` runs and the Airflow started after this."""
+def use_contender(name: str, stack: Any = None) -> None:
+    """Set the contender's Variables for the ``dags test`` runs and the Airflow started after this, and
+    where ``stack``'s ``mlflow_default`` points (:data:`MLFLOW_SERVER`)."""
     os.environ["AIRFLOW_VAR_EMR_RAY_DEFER_AFTER"] = str(DEFER_AFTER[name])
+    if stack is not None:
+        server = name in MLFLOW_SERVER
+        stack.connection_overrides = {"mlflow_default": {"host": stack.mlflow_ui_url}} if server else {}
 
 
 # -- report maths (pure) ----------------------------------------------------------------------------
@@ -355,6 +377,8 @@ def backfill(
     (default: the stack's head alone; more where nodes joined it)."""
     from devstack.airflow import LocalAirflow
     from emr_ray.params import MAX_ACTIVE_RUNS
+
+    max_active_runs = MAX_ACTIVE_RUNS_OF.get(contender, MAX_ACTIVE_RUNS)
     from tests.fixtures.airflow_live import Api, backfill_runs, wait_for_runs
 
     dates = [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
@@ -365,7 +389,7 @@ def backfill(
         api = Api(airflow)
         api.unpause_once_parsed(DAG_ID, timeout_s=300)  # once the DAG processor parsed it
         body = {"dag_id": DAG_ID, "from_date": f"{dates[0]}T00:00:00Z", "to_date": f"{dates[-1]}T00:00:00Z",
-                "reprocess_behavior": "completed", "max_active_runs": MAX_ACTIVE_RUNS, "dag_run_conf": conf or {}}  # fmt: skip
+                "reprocess_behavior": "completed", "max_active_runs": max_active_runs, "dag_run_conf": conf or {}}  # fmt: skip
         started = time.time()
         created = api.call("POST", "/api/v2/backfills", body)
         runs = list(backfill_runs(api, dates).values())
@@ -400,7 +424,7 @@ def backfill(
         "ended_at": round(ended, 2),
         "run_seconds_median": round(statistics.median(durations), 1),
         "ray_pool_slots": slots,
-        "max_active_runs": MAX_ACTIVE_RUNS,
+        "max_active_runs": max_active_runs,
         "cluster_cpus": cpus,
         "cpu_seconds_reserved": round(reserved, 1),
         "cpu_seconds_reserved_per_task": {k: round(sum(v), 1) for k, v in per_task.items()},
@@ -546,6 +570,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--contenders {','.join(unknown)}: use some of {', '.join(CONTENDERS)}")
 
+    from devstack.ports import free_port
     from devstack.stack import LocalStack
     from include.data import synthetic
 
@@ -554,7 +579,10 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     result: dict[str, Any] = {"machine": machine(), "contenders": {c: {"sizes": []} for c in contenders}}
     per = result["contenders"]
-    stack = LocalStack(root, REPO, num_cpus=args.cpus, postgres=not args.no_backfill).start()
+    server = free_port() if MLFLOW_SERVER & set(contenders) else None  # the MLflow server, where one needs it
+    stack = LocalStack(
+        root, REPO, num_cpus=args.cpus, postgres=not args.no_backfill, mlflow_ui_port=server
+    ).start()
     day = FIRST_SIZE_DATE
     try:
         env = os.environ | stack.dags_test_env()
@@ -564,7 +592,7 @@ def main(argv: list[str] | None = None) -> None:
         # one contender after the other, each after its warm-up run: alternating them would have one
         # contender's cold jobs evict the other's idle warm pools on a small cluster
         for i, contender in enumerate(contenders if sizes else []):
-            use_contender(contender)
+            use_contender(contender, stack)
             if not args.no_warmup:  # its first run pays what a later one need not (pools, caches)
                 warm = (dt.date.fromisoformat(WARMUP_DATE) - dt.timedelta(days=i)).isoformat()
                 synthetic.write_partitions(stack.raw_uri, warm, 1, WARMUP_ROWS, options)
@@ -585,7 +613,7 @@ def main(argv: list[str] | None = None) -> None:
             write_json("pipeline-sizes.json", result)
         if not args.no_backfill:
             for contender in contenders:
-                use_contender(contender)
+                use_contender(contender, stack)
                 first = day + dt.timedelta(days=1)
                 day = first + dt.timedelta(days=args.backfill_days)
                 synthetic.write_partitions(stack.raw_uri, first.isoformat(), args.backfill_days, args.backfill_rows,

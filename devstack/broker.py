@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from devstack.ports import free_port
+
 
 def server_binary() -> str:
     """The ``redis-server`` on PATH, or an error that says how to install it."""
@@ -63,7 +65,7 @@ class LocalRedis:
     def start(self, timeout: float = 30) -> LocalRedis:
         self.root = self.root.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         argv = [server_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.root),
                 "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
                 "--logfile", str(self.root / "server.log"), "--requirepass", self.password]  # fmt: skip
@@ -109,9 +111,3 @@ class LocalRedis:
             except subprocess.TimeoutExpired:
                 continue
         self.process = None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

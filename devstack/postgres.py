@@ -31,12 +31,13 @@ import os
 import pwd
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
+
+from devstack.ports import free_port
 
 #: ``struct sockaddr_un.sun_path`` holds 108 bytes with the terminating NUL
 _SUN_PATH_MAX = 107
@@ -143,7 +144,7 @@ class LocalPostgres:
         if self.uses_socket:
             settings["listen_addresses"] = ""
         else:
-            self.port = self.port or _free_port()
+            self.port = self.port or free_port()
             settings |= {
                 "listen_addresses": "127.0.0.1",
                 "port": str(self.port),
@@ -238,12 +239,6 @@ def _stop_pid(pid: int, timeout: float = 30) -> None:
             if not Path(f"/proc/{pid}").exists():
                 return
             time.sleep(0.2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _connect_errors() -> tuple[type[BaseException], ...]:

@@ -12,12 +12,7 @@ import threading
 import pytest
 
 from devstack import forward
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from devstack.ports import free_port
 
 
 def _echo(conn: socket.socket) -> None:
@@ -42,7 +37,7 @@ def test_a_connection_to_the_host_port_reaches_the_server_through_the_socket(tmp
     upstream = _echo_server()
     sock = tmp_path / "ui.sock"
     forward.unix_to_tcp(sock, upstream)  # the namespace side
-    host_port = _free_port()
+    host_port = free_port()
     forward.tcp_to_unix(host_port, sock)  # the host side
     with socket.create_connection(("127.0.0.1", host_port), timeout=10) as client:
         client.sendall(b"x" * 200_000)
@@ -53,7 +48,7 @@ def test_a_connection_to_the_host_port_reaches_the_server_through_the_socket(tmp
 
 
 def test_a_taken_port_fails_the_host_side_whole_and_names_the_port(tmp_path):
-    free = _free_port()
+    free = free_port()
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=f"127.0.0.1:{port} is taken"):
