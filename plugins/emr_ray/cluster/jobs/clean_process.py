@@ -6,13 +6,15 @@ state its code set up) and whatever the MLflow client cached with the job's logi
 to run beside. So rank 0 runs that call here: in a child process that takes one request, runs it,
 answers and exits. Nothing of the call outlives it.
 
-The child is started ahead (:func:`prepare`: after each call, and when a run that will compare
-begins) and imports torch and MLflow while rank 0 waits or trains, so a call pays for none of that
-(2-3 s here); once it has answered it ends without the interpreter's teardown (0.7-0.8 s here). It
-starts without any login in its environment: what a call needs comes with the request, through a
-pipe, like its other arguments; never in an argument list or an environment another process can
-read (the champion's scoring needs no login: rank 0 downloads its files). When rank 0 dies, the
-child reads the end of its input and exits.
+The children are forked from a template process (started ahead by :func:`prepare`, when a run that
+will compare begins) that imports torch and MLflow once, while rank 0 trains, and never sees a
+request: for each call it forks a child that takes the call's own pipes, reads the request, runs it,
+answers and ends at once, without the interpreter's teardown. A fork costs milliseconds; a child
+started for each call paid 3.1-3.3 CPU-s of imports per call (``bench/clean_process.py``). The
+template starts without any login in its environment: what a call needs comes with the request,
+through a pipe, like its other arguments; never in an argument list or an environment another
+process can read (the champion's scoring needs no login: rank 0 downloads its files). When rank 0
+dies, the template reads the end of its socket and exits.
 
 Runs on the cluster: never imports Airflow.
 """
@@ -22,15 +24,19 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 log = logging.getLogger("emr_ray.cluster.jobs.clean_process")
 
-#: imported by a child while it waits: what scoring a logged torch model needs. The last two are what
+#: imported by the template once, before its first fork: what scoring a logged torch model needs. The last two are what
 #: loading a ``torch.export`` program (the ``.pt2`` a logged model holds) imports on first use: 1.3 s
 #: of a 1.5 s first load here, paid by every call otherwise, since each child serves one call.
 PREIMPORTS = (
@@ -38,9 +44,11 @@ PREIMPORTS = (
 )  # fmt: skip
 #: the longest one call may take before its child is killed
 CALL_TIMEOUT_S = 900.0
+#: how long a call's child may take to disappear once it has closed its pipes
+GONE_TIMEOUT_S = 5.0
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-_ready: subprocess.Popen[bytes] | None = None
+_template: _Template | None = None
 _lock = threading.Lock()
 
 
@@ -48,40 +56,97 @@ class CallFailed(RuntimeError):
     """The child died, timed out or raised something that cannot cross back as itself."""
 
 
+class _Template:
+    """The process each call's child is forked from, over a Unix socket pair: it receives a call's three
+    pipe ends, forks, and answers with the child's pid."""
+
+    def __init__(self) -> None:
+        from emr_ray.cluster.mlflow_auth import CREDENTIAL_ENV_VARS
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = {key: value for key, value in os.environ.items() if key not in CREDENTIAL_ENV_VARS}
+        env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(theirs.fileno()), *PREIMPORTS], pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, cwd=os.getcwd(),
+        )  # fmt: skip
+        theirs.close()
+        self.socket = ours
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self, stdin: int, stdout: int, stderr: int) -> int:
+        """A child forked with these three descriptors as its 0, 1 and 2; its pid."""
+        socket.send_fds(self.socket, [b"f"], [stdin, stdout, stderr])
+        pid = b""
+        while len(pid) < 8:
+            chunk = self.socket.recv(8 - len(pid))
+            if not chunk:
+                raise ConnectionError("the template process ended")
+            pid += chunk
+        return int.from_bytes(pid, "big")
+
+    def stop(self) -> None:
+        """End it at once: it holds nothing to save (a call's child is not its to wait for)."""
+        self.socket.close()
+        self.process.kill()
+        self.process.wait()
+
+
 def prepare() -> None:
-    """Have a child ready for the next call (started now, it imports while this process waits)."""
-    global _ready
+    """Have the template ready for the next call (started now, it imports while this process waits)."""
     with _lock:
-        if _ready is None or _ready.poll() is not None:
-            _ready = _start()
+        _ready_template()
+
+
+def _ready_template() -> _Template:
+    global _template
+    if _template is None or not _template.alive():
+        _template = _Template()
+    return _template
+
+
+def _drop_template() -> None:
+    global _template
+    if _template is not None:
+        _template.stop()
+        _template = None
 
 
 def call(
     fn: str, kwargs: Mapping[str, Any], env: Mapping[str, str], timeout_s: float = CALL_TIMEOUT_S
 ) -> Any:
     """``fn`` (an import path) called with ``kwargs`` in a child with ``env`` set; its value, or its
-    exception raised here. The child's log lines are logged here. A fresh child is prepared after."""
-    global _ready
-    with _lock:
-        child = _ready if _ready is not None and _ready.poll() is None else _start()
-        _ready = None
+    exception raised here. The child's log lines are logged here; it has ended when this returns."""
     request = pickle.dumps({"fn": fn, "kwargs": dict(kwargs), "env": dict(env)})
+    request_r, request_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    lines_r, lines_w = os.pipe()
+    started = time.monotonic()
     try:
-        answer, lines = child.communicate(request, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
-        raise CallFailed(
-            f"{fn} did not finish in {timeout_s:.0f}s in its own process; it was killed"
-        ) from None
+        with _lock:
+            try:
+                pid = _ready_template().fork(request_r, answer_w, lines_w)
+            except OSError:  # the template died since the last call: once more with a new one
+                _drop_template()
+                pid = _ready_template().fork(request_r, answer_w, lines_w)
+    except BaseException:
+        for fd in (request_w, answer_r, lines_r):
+            os.close(fd)
+        raise
     finally:
-        prepare()
+        for fd in (request_r, answer_w, lines_w):
+            os.close(fd)
+    answer, lines, timed_out = _exchange(request, request_w, answer_r, lines_r, pid, timeout_s)
     for line in lines.decode(errors="replace").splitlines():
         if line.strip():
-            log.info("[pid %d] %s", child.pid, line)
-    log.info("%s ran in process %d, which has ended (exit code %s)", fn, child.pid, child.returncode)
-    if child.returncode != 0 or not answer:
-        raise CallFailed(f"{fn} ended its process with exit code {child.returncode} and no answer")
+            log.info("[pid %d] %s", pid, line)
+    if timed_out:
+        raise CallFailed(f"{fn} did not finish in {timeout_s:.0f}s in its own process; it was killed")
+    log.info("%s ran in process %d, which has ended (%.1fs)", fn, pid, time.monotonic() - started)
+    if not answer:
+        raise CallFailed(f"{fn} ended its process with no answer")
     try:
         outcome = pickle.loads(answer)
     except Exception as e:  # an exception whose class cannot be rebuilt from its arguments
@@ -91,34 +156,117 @@ def call(
     return outcome["value"]
 
 
-def _start() -> subprocess.Popen[bytes]:
-    """A child with this process's code path and working folder, and no MLflow login."""
-    from emr_ray.cluster.mlflow_auth import CREDENTIAL_ENV_VARS
+def _exchange(
+    request: bytes, request_w: int, answer_r: int, lines_r: int, pid: int, timeout_s: float
+) -> tuple[bytes, bytes, bool]:
+    """Write ``request`` to the child, read its answer and log lines until it closes them (killing it
+    past ``timeout_s``), then wait until it is gone. Closes the three descriptors."""
+    writer = threading.Thread(target=_write_all, args=(request_w, request), daemon=True)
+    writer.start()
+    read: dict[int, bytearray] = {answer_r: bytearray(), lines_r: bytearray()}
+    still_open = {answer_r, lines_r}
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        while still_open:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                _kill(pid)
+                break
+            ready, _, _ = select.select(sorted(still_open), [], [], left)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    read[fd] += chunk
+                else:
+                    still_open.discard(fd)
+    finally:
+        os.close(answer_r)
+        os.close(lines_r)
+    writer.join(timeout=5)
+    _wait_gone(pid)
+    return bytes(read[answer_r]), bytes(read[lines_r]), timed_out
 
-    env = {key: value for key, value in os.environ.items() if key not in CREDENTIAL_ENV_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
-    return subprocess.Popen(
-        [sys.executable, "-m", __name__],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=os.getcwd(),
-    )  # fmt: skip
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:  # the child died before reading it all: its missing answer says so
+        pass
+    finally:
+        os.close(fd)
 
 
-def _serve() -> None:
-    """The child: import, read one request, run it, write the answer, exit."""
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(pid: int) -> None:
+    """Until ``pid`` no longer exists (the template has the kernel reap its children at once)."""
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.002)
+    log.warning("process %d still exists %.0fs after closing its pipes", pid, GONE_TIMEOUT_S)
+
+
+def _template_main(fd: int, preimports: list[str]) -> None:
+    """The template: import once, then fork a child for each call's pipes until rank 0 goes."""
     import importlib
 
-    answer = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # what the call prints goes with its log lines, never into the answer
-    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, stream=sys.stderr)
-    for name in PREIMPORTS:
+    channel = socket.socket(fileno=fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps each child as it exits
+    for name in preimports:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - not needed by every call; the call itself says what it lacks
             pass
-    raw = sys.stdin.buffer.read()
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(channel, 16, 3)
+        except OSError:
+            return
+        if not message:
+            return  # rank 0 closed its end, or died
+        pid = os.fork()
+        if pid == 0:
+            try:
+                channel.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for target, source in enumerate(fds):
+                    os.dup2(source, target)
+                for source in fds:
+                    os.close(source)
+                _serve()
+            finally:
+                os._exit(1)
+        for source in fds:
+            os.close(source)
+        channel.sendall(pid.to_bytes(8, "big"))
+
+
+def _serve() -> None:
+    """A forked child: read one request, run it, write the answer, exit."""
+    answer = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # what the call prints goes with its log lines, never into the answer
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, stream=sys.stderr, force=True)
+    raw = bytearray()
+    while chunk := os.read(0, 1 << 16):
+        raw += chunk
     if not raw:
-        return  # the parent died or never called: nothing to do
-    request = pickle.loads(raw)
+        _exit_now()  # rank 0 sent nothing: nothing to do
+    request = pickle.loads(bytes(raw))
     os.environ.update(request["env"])
     try:
         from emr_ray.cluster.spec import import_by_path
@@ -146,4 +294,4 @@ def _exit_now() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _template_main(int(sys.argv[1]), sys.argv[2:])
