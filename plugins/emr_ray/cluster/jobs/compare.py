@@ -253,17 +253,20 @@ def _compare(
         return {"champion_version": None, "rows": None, "champion": {}, "challenger": {}}
     started = time.monotonic()
     table = read_test_rows(plan, options)
+    log.info("Read %d test rows in %.1fs", table.num_rows, time.monotonic() - started)
     kwargs: dict[str, Any] = {"spec": spec, "version": version, "plan": plan, "options": options}
     if isolated:
         # this process copies the files with its open store and the job's login; the child only
         # unpickles and scores them, and needs neither (no store to open, no login to hold)
         with tempfile.TemporaryDirectory() as tmp:
+            copying = time.monotonic()
             try:
                 local = download_version(spec, client, section.model_name, version, tmp)
             except Exception as e:
                 raise Skipped(
                     f"{section.model_name} v{version} could not be loaded: {type(e).__name__}: {e}"
                 ) from e
+            log.info("Copied %s v%s's files in %.1fs", section.model_name, version, time.monotonic() - copying)
             champion_figures = clean_process.call(f"{__name__}:score_champion", kwargs | {"local": local}, {})
     else:
         champion_figures = score_champion(**kwargs)
