@@ -266,7 +266,9 @@ def _compare(
                 raise Skipped(
                     f"{section.model_name} v{version} could not be loaded: {type(e).__name__}: {e}"
                 ) from e
-            log.info("Copied %s v%s's files in %.1fs", section.model_name, version, time.monotonic() - copying)
+            log.info(
+                "Copied %s v%s's files in %.1fs", section.model_name, version, time.monotonic() - copying
+            )
             champion_figures = clean_process.call(f"{__name__}:score_champion", kwargs | {"local": local}, {})
     else:
         champion_figures = score_champion(**kwargs)
