@@ -173,6 +173,14 @@ def machine() -> dict[str, Any]:
     }
 
 
+def machine_busy_cpu_s() -> float:
+    """CPU-seconds the whole machine has been busy since boot (user, nice, system, irq, softirq, steal;
+    ``/proc/stat``): every process, also those no one waits for, such as children the kernel reaps."""
+    with open("/proc/stat") as f:
+        cpu = [int(v) for v in f.readline().split()[1:]]
+    return (sum(cpu[:3]) + sum(cpu[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
 def write_json(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name

@@ -28,18 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import REPO, machine, table, write_json
+from bench._common import REPO, machine, machine_busy_cpu_s, table, write_json
 
 BEFORE_COMMIT = "5fcbb70"  # the last commit whose clean_process started a new child for each call
 MODULE = "plugins/emr_ray/cluster/jobs/clean_process.py"
-
-
-def host_cpu_seconds() -> float:
-    """CPU-seconds every process of the machine has used since boot (user, nice, system, irq, softirq)."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:8]]
-    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def load_before(folder: Path) -> Any:
@@ -53,9 +45,9 @@ def load_before(folder: Path) -> Any:
 
 def one_call(module: Any) -> tuple[float, float]:
     """(host CPU-s, wall s) of one call."""
-    cpu, began = host_cpu_seconds(), time.perf_counter()
+    cpu, began = machine_busy_cpu_s(), time.perf_counter()
     module.call("os:getpid", {}, {})
-    return host_cpu_seconds() - cpu, time.perf_counter() - began
+    return machine_busy_cpu_s() - cpu, time.perf_counter() - began
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import REPO, RESULTS, STATE, machine, table, write_json
+from bench._common import REPO, RESULTS, STATE, machine, machine_busy_cpu_s, table, write_json
 from bench.sizing_model import (
     Cluster,
     Costs,
@@ -128,10 +128,7 @@ class HostCpu:
                 self._first.setdefault(key, 0 if key[1] >= self._born_after else ticks)
                 self._last[key] = ticks
         ours = sum(self._last[k] - self._first[k] for k in self._last) / self.tick
-        with open("/proc/stat") as f:
-            cpu = [int(v) for v in f.readline().split()[1:]]
-        busy = (sum(cpu[:3]) + sum(cpu[5:8])) / self.tick  # user nice system, irq softirq steal
-        self.samples.append((time.time(), ours, busy))
+        self.samples.append((time.time(), ours, machine_busy_cpu_s()))
 
     def result(self, start: float | None = None, end: float | None = None) -> dict[str, float]:
         """Our CPU-seconds and the others' busy cores from ``start`` to ``end`` (epoch seconds; default:
