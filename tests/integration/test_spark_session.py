@@ -192,24 +192,16 @@ def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_w
     assert "spark_start" not in usage["phases"] and "spark_session" in usage["phases"]  # no Spark start-up
     assert usage["held"]["actor:SharedSparkExecutors"]["cpu_seconds"] > 0  # the executor's share, this call
 
-    # A session of another configuration that needs every CPU of the cluster (one executor per CPU)
-    # while the idle warm session holds one: the idle one gives way.
-    cpus = cluster_cpus()
-    wide = preprocess(cos_prefix, days[0], "shared", tag, output="staged_wide", num_executors=cpus)
-    assert wide["spark_session"]["name"] != session["name"] and wide["spark_session"]["calls"] == 1
-    assert sum(wide["rows_out"].values()) == ROWS
-    now = shared_sessions()
-    assert wide["spark_session"]["name"] in now and session["name"] not in now
-
-    # The second partition again, through a job's own session, while the idle wide session holds every
-    # CPU: that one gives way too, and the job writes the warm session's data, row for row.
-    own = preprocess(cos_prefix, days[1], "job", tag, output="staged_by_job")
+    # The second partition again, through a job's own session that needs every CPU of the cluster (one
+    # executor per CPU) while the idle warm session holds one: the idle one gives way, and the job
+    # writes the warm session's data, row for row.
+    own = preprocess(cos_prefix, days[1], "job", tag, output="staged_by_job", num_executors=cluster_cpus())
     assert "spark_session" not in own and own["rows_out"] == second["rows_out"]
     assert sum(own["rows_out"].values()) == ROWS
     assert committed_rows(second, cos_server.endpoint, SECRET_ID, SECRET_KEY) == committed_rows(
         own, cos_server.endpoint, SECRET_ID, SECRET_KEY
     )
-    assert wide["spark_session"]["name"] not in shared_sessions()
+    assert session["name"] not in shared_sessions()
 
 
 def test_bad_input_keeps_the_session_a_killed_one_is_replaced_two_jobs_at_once_both_finish_and_an_idle_one_stops(
