@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from bench._common import REPO, STATE, table, write_json
+from bench._common import REPO, STATE, machine, table, write_json
 
 CONTENDERS = ("full_jit", "c1_control")
 
@@ -55,6 +55,7 @@ def one_session(contender: str, address: str) -> dict[str, float]:
         spark.range(100_000).selectExpr("id % 7 as k").groupBy("k").count().collect()
         seconds[job] = time.perf_counter() - began
     raydp.stop_spark()
+    seconds["start_to_first_result"] = seconds["init_spark"] + seconds["first_job"]
     return {k: round(v, 2) for k, v in seconds.items()}
 
 
@@ -71,8 +72,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(one_session(args.child, args.address)), flush=True)
         return
-    result: dict[str, Any] = {"rounds": args.rounds, "loadavg_at_start": [round(v, 2) for v in os.getloadavg()],
-                              "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": {c: [] for c in CONTENDERS}}  # fmt: skip
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "rounds": args.rounds,
+        "runs": {c: [] for c in CONTENDERS},
+    }
     head = start_head(state, num_cpus=3, dashboard_port=8266, gcs_port=6381)
     try:
         for _ in range(args.rounds):
@@ -87,14 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     result["loadavg_at_end"] = [round(v, 2) for v in os.getloadavg()]
     rows, medians = [], {}
     for figure in ("init_spark", "first_job", "second_job", "start_to_first_result"):
-        per = {}
-        for contender in CONTENDERS:
-            runs = result["runs"][contender]
-            values = [
-                r["init_spark"] + r["first_job"] if figure == "start_to_first_result" else r[figure]
-                for r in runs
-            ]
-            per[contender] = statistics.median(values)
+        per = {c: statistics.median(r[figure] for r in result["runs"][c]) for c in CONTENDERS}
         medians[figure] = per
         rows.append(
             [figure, *(f"{per[c]:.1f}" for c in CONTENDERS), f"{per['full_jit'] / per['c1_control']:.2f}x"]
@@ -102,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     result["medians_s"] = medians
     print(table(["median seconds", *CONTENDERS, "ratio"], rows))
     print(
-        f"load average {result['loadavg_at_start'][0]} at the start, {result['loadavg_at_end'][0]} at the end"
+        f"load average {result['machine']['loadavg_at_start'][0]} at the start, {result['loadavg_at_end'][0]} at the end"
     )
     print("wrote", write_json("spark-start.json", result))
 
