@@ -47,6 +47,7 @@ pytest_plugins = [
     "tests.fixtures.pipeline",
     "tests.fixtures.hdfs",
     "tests.fixtures.dag_files",
+    "tests.fixtures.imports",
 ]
 
 

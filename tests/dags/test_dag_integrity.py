@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
@@ -33,10 +31,10 @@ def test_retrain_tabular_is_the_article_pipeline(dagbag):
                      "register": "MLflowRegisterOperator"}  # fmt: skip
 
 
-def test_parsing_imports_no_heavy_library():
-    """Each DAG file, parsed in turn in one fresh interpreter: the heavy modules that appear while it
-    parses are its own. Pass or fail is as with one interpreter per file, at the cost of one; a heavy
-    module two files load is named for the first of them only."""
+def test_parsing_imports_no_heavy_library(fresh_python):
+    """Each DAG file, parsed in turn in one fresh interpreter (``fresh_python``): the heavy modules that
+    appear while it parses are its own. Pass or fail is as with one interpreter per file, at the cost
+    of one; a heavy module two files load is named for the first of them only."""
     files = sorted(str(p) for p in DAGS.glob("*.py"))
     code = f"""
 import importlib.util, json, sys
@@ -49,7 +47,7 @@ for path in {files!r}:
     seen |= now
 print(json.dumps(found))
 """
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    out = fresh_python.run(code)
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert sorted(found) == sorted(p.name for p in DAGS.glob("*.py"))
     assert {name: heavy for name, heavy in found.items() if heavy} == {}

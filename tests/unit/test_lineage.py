@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -248,7 +245,7 @@ def test_collect_logs_a_failing_builder_and_returns_nothing(caplog):
     assert lineage.collect(log, "preprocess", absent) is None
 
 
-def test_operators_import_and_report_nothing_without_the_openlineage_packages():
+def test_operators_import_and_report_nothing_without_the_openlineage_packages(fresh_python):
     """A subprocess where importing openlineage fails, as on an install without the provider."""
     code = """
 import sys
@@ -265,14 +262,12 @@ train = TorchTrainOperator(task_id="t", train_loop="m:f", datasets={"train": "fi
 register = MLflowRegisterOperator(task_id="r", model_name="m", run_id="r1")
 assert [op.get_openlineage_facets_on_complete(None) for op in (spark, train, register)] == [None] * 3
 """
-    env = os.environ | {
-        "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps({"conn_type": "mlflow", "host": "http://h"})
-    }
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
+    fresh_python.run(
+        code, env={"AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps({"conn_type": "mlflow", "host": "http://h"})}
+    )
 
 
-def test_importing_the_operators_loads_no_openlineage():
+def test_importing_the_operators_loads_no_openlineage(fresh_python):
     """(Airflow's configuration itself reads the provider's ``get_provider_info``; the client and the
     extractors are what this package could pull in.)"""
     code = (
@@ -280,7 +275,7 @@ def test_importing_the_operators_loads_no_openlineage():
         "bad = [m for m in sys.modules if m.split('.')[0] == 'openlineage' or 'openlineage.extractors' in m];"
         "assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ}, timeout=120)
+    fresh_python.run(code)
 
 
 def test_a_spark_task_that_failed_reports_its_input_and_a_manifest_it_cannot_read_only_costs_facets(capsys):

@@ -130,10 +130,11 @@ def test_the_lease_is_renewed_from_its_own_thread(partition):
             return 0
 
     with partitions.writer_lease(partition, generation, every_s=0.05):
-        deadline = time.monotonic() + 10
-        while beat() < 3 and time.monotonic() < deadline:
+        deadline, seen = time.monotonic() + 10, 0
+        while seen < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert beat() >= 3
+            seen = max(seen, beat())  # a second read could land between a truncate and its write
+        assert seen >= 3
 
 
 def test_files_that_are_not_ours_are_left_alone(partition):

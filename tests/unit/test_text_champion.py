@@ -42,10 +42,10 @@ def plan(tmp_path) -> dict:
 
 
 @pytest.fixture
-def spec(tmp_path) -> TrainJobSpec:
+def spec(tmp_path, new_sqlite_store) -> TrainJobSpec:
     import mlflow
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_sqlite_store(tmp_path)
     mlflow.MlflowClient(store).create_experiment("text", artifact_location=(tmp_path / "artifacts").as_uri())
     return TrainJobSpec(
         train_loop="include.models.text:train_loop",

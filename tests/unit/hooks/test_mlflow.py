@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +27,12 @@ def _set_conn(monkeypatch: pytest.MonkeyPatch, conn_id: str = "mlflow_default", 
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "mlflow", **fields}))
 
 
-def test_importing_the_hook_and_operator_loads_no_mlflow() -> None:
+def test_importing_the_hook_and_operator_loads_no_mlflow(fresh_python) -> None:
     code = (
         "import sys, emr_ray.hooks.mlflow, emr_ray.operators.mlflow, emr_ray.links.mlflow, emr_ray.cluster.promotion;"
         "bad = [m for m in ('mlflow', 'torch') if m in sys.modules]; assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+    fresh_python.run(code)
 
 
 # ---------------------------------------------------------------------- connection
@@ -303,15 +301,11 @@ class Store:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """One SQLite store for this module: MLflow creates its schema once (about 2 s), here."""
-    from mlflow import MlflowClient
-
+def store(tmp_path_factory: pytest.TempPathFactory, new_sqlite_store) -> Store:
+    """One SQLite store for this module."""
     root = tmp_path_factory.mktemp("mlflow_unit")
     (root / "artifacts").mkdir()
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    MlflowClient(uri, registry_uri=uri).search_experiments(max_results=1)
-    return Store(uri=uri, artifacts=(root / "artifacts").as_uri())
+    return Store(uri=new_sqlite_store(root), artifacts=(root / "artifacts").as_uri())
 
 
 @pytest.fixture

@@ -200,10 +200,9 @@ def test_the_provider_package_is_the_cluster_side_and_imports_without_airflow(tm
     assert "airflow" not in run.stdout
 
 
-def test_packaging_never_imports_ray():
+def test_packaging_never_imports_ray(fresh_python):
     probe = "import sys, emr_ray.hooks.ray_packages as p; p.provider_package(); print('ray' in sys.modules)"
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
+    run = fresh_python.run(probe)
     assert run.stdout.strip() == "False"
 
 

@@ -27,9 +27,9 @@ CONFIG = {"feature_columns": FEATURES, "label_column": "label", "hidden": 8, "ba
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+def store(tmp_path_factory: pytest.TempPathFactory, new_sqlite_store) -> str:
     root = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = new_sqlite_store(root)
     import mlflow
 
     mlflow.MlflowClient(uri).create_experiment("compare", artifact_location=(root / "artifacts").as_uri())

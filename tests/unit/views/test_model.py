@@ -182,7 +182,9 @@ def test_each_row_says_which_aliases_its_version_holds_now():
     assert all(row.aliases == () for row in down)  # unknown, not "none"
 
 
-def test_a_running_training_shows_its_epoch_and_latest_metrics_as_mlflow_has_them(tmp_path, monkeypatch):
+def test_a_running_training_shows_its_epoch_and_latest_metrics_as_mlflow_has_them(
+    tmp_path, monkeypatch, new_sqlite_store
+):
     """A run still training: MLflow's run for the task (found by the name every try gives it) says how
     far it got; the row shows it and the page reloads itself while a run is going."""
     import mlflow
@@ -191,7 +193,7 @@ def test_a_running_training_shows_its_epoch_and_latest_metrics_as_mlflow_has_the
     from emr_ray.views import page, sources
     from emr_ray.views.records import TaskRecord
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_sqlite_store(tmp_path)
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_VIEW", f'{{"conn_type": "mlflow", "host": "{uri}"}}')
     going = run("2026-11-30", state="running")
     going = dataclasses.replace(

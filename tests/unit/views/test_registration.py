@@ -4,9 +4,6 @@ DAG and a nav entry, both served by the mounted app, and a plugin file that stay
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from emr_ray.views.registration import DAG_TAB_ROUTE, EXTERNAL_VIEWS, FASTAPI_APP, URL_PREFIX, LazyApp
@@ -21,7 +18,7 @@ def test_the_tab_and_the_nav_entry_are_served_by_the_mounted_app():
     assert len({view["url_route"] for view in EXTERNAL_VIEWS}) == 2  # Airflow drops a repeated route
 
 
-def test_importing_the_plugin_builds_no_app_and_imports_nothing_heavy():
+def test_importing_the_plugin_builds_no_app_and_imports_nothing_heavy(fresh_python):
     """Every Airflow process imports the plugin file; only the API server serves the view."""
     code = (
         "import json, sys; import emr_ray_plugin; "
@@ -29,6 +26,5 @@ def test_importing_the_plugin_builds_no_app_and_imports_nothing_heavy():
         "{'ray', 'torch', 'pyspark', 'raydp', 'mlflow'} or m in {'emr_ray.views.app', 'fastapi'})))"
     )
     plugins = Path(__file__).resolve().parents[3] / "plugins"  # this checkout's, whatever is installed
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
-    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    found = fresh_python.run(code, path=[str(plugins)])
     assert json.loads(found.stdout.strip().splitlines()[-1]) == []
