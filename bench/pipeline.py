@@ -213,6 +213,23 @@ def lane_gaps(jobs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
             **{k: round(v, 1) for k, v in gaps.items()}}  # fmt: skip
 
 
+def utilisation_ceiling(reserved: float, cpus: float, lanes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The utilisation the backfill would reach if its busiest warm lane never sat idle: the CPU-s its
+    jobs reserved over the CPUs x that lane's seconds of calls (the shortest the wall could be with
+    the same calls). The measured utilisation is this ceiling x the lane's busy share, so the ceiling
+    says what cutting the gaps between calls can win, and what only other lanes' shapes can."""
+    if not lanes or not cpus:
+        return {}
+    task_id, lane = max(lanes.items(), key=lambda item: item[1]["busy_s"])
+    if not lane["busy_s"]:
+        return {}
+    return {
+        "lane": task_id,
+        "busy_s": lane["busy_s"],
+        "utilisation": round(reserved / (cpus * lane["busy_s"]), 3),
+    }
+
+
 def lanes(jobs: dict[tuple[str, str], dict[str, Any]], wall: float) -> dict[str, dict[str, Any]]:
     """:func:`lane_gaps` of each warm lane (the jobs that borrowed a warm pool), by task id."""
     per_task: dict[str, list[dict[str, Any]]] = {}
@@ -414,6 +431,7 @@ def backfill(
             job["result"].get("usage", {}).get("cpu_seconds_reserved", 0.0)
         )
     durations = sorted(_utc(r["end_date"]) - _utc(r["start_date"]) for r in finished.values())
+    by_lane = lanes(jobs, wall)
     return {
         "days": days,
         "rows": rows,
@@ -431,7 +449,8 @@ def backfill(
         "utilisation": round(reserved / (cpus * wall), 3),
         "jobs": len(jobs),
         **busy_timeline([(j["submitted"], j["ended"]) for j in jobs.values()], started, ended),
-        "lanes": lanes(jobs, wall),
+        "lanes": by_lane,
+        "ceiling": utilisation_ceiling(reserved, cpus, by_lane),
         "load1_end": round(os.getloadavg()[0], 2),
     }
 
@@ -497,6 +516,11 @@ def report(result: dict[str, Any]) -> str:
                         f"{lane['busy_s']:.0f} s); idle between calls {lane['not_submitted_s']:.0f} s before the next "
                         f"job was submitted (Airflow's side), {lane['job_start_s']:.0f} s while it made its way "
                         "to the pool (Ray's job start-up, the driver's imports and checks)")  # fmt: skip
+        if ceiling := b.get("ceiling"):
+            text.append(f"- the most this backfill's calls allow: {ceiling['utilisation']:.0%} utilisation, were "
+                        f"{ceiling['lane']}'s warm pool never idle ({b['cpu_seconds_reserved']:.0f} CPU-s over "
+                        f"{b['cluster_cpus']:.0f} CPUs x its {ceiling['busy_s']:.0f} s of calls); measured "
+                        f"{b['utilisation']:.0%}")  # fmt: skip
     return "\n".join(text)
 
 

@@ -3,7 +3,7 @@ execution API when its first task starts; those seconds are the harness's, not t
 
 from __future__ import annotations
 
-from bench.pipeline import lane_gaps, task_started, without_harness
+from bench.pipeline import lane_gaps, task_started, utilisation_ceiling, without_harness
 
 LOG = """\
 2026-12-05T02:05:56.465714Z [info     ] [DAG TEST] running task <TaskInstance: retrain_tabular.wait_for_partition>
@@ -40,3 +40,11 @@ def test_a_lanes_idle_seconds_are_split_into_airflows_side_and_the_jobs_way_to_t
     ]
     lane = lane_gaps(jobs, wall=46.0)
     assert lane == {"calls": 3, "busy_s": 23.0, "busy_share": 0.5, "not_submitted_s": 3.0, "job_start_s": 2.0}
+
+
+def test_the_ceiling_is_the_utilisation_with_the_busiest_lane_never_idle():
+    """120 CPU-s reserved on 3 CPUs; the training lane's calls took 50 s, the Spark lane's 20 s: at
+    best the wall is 50 s, so 80%; a measured 60% then means the training lane was busy 75% of it."""
+    lanes = {"preprocess": {"busy_s": 20.0}, "train": {"busy_s": 50.0}}
+    assert utilisation_ceiling(120.0, 3.0, lanes) == {"lane": "train", "busy_s": 50.0, "utilisation": 0.8}
+    assert utilisation_ceiling(120.0, 3.0, {}) == {}  # the cold path: no warm lane
