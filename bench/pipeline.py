@@ -93,15 +93,20 @@ CONTENDERS = {
     "warm_queue3": {"spark_session": "shared", "worker_group": "shared"},
     "warm_rest": {"spark_session": "shared", "worker_group": "shared"},
     "warm_rest_runs16": {"spark_session": "shared", "worker_group": "shared"},
+    "warm_rest_upstream": {"spark_session": "shared", "worker_group": "shared"},
 }
 #: contenders whose tasks and jobs reach MLflow through its tracking server (REST, as a deployment
 #: does and the chaos soak; the server over the same store): the others open the store itself
 #: (SQLAlchemy), which costs each registration about 0.65 s of imports before its first query
-MLFLOW_SERVER = {"warm_rest", "warm_rest_runs16"}
+MLFLOW_SERVER = {"warm_rest", "warm_rest_runs16", "warm_rest_upstream"}
 #: runs of a backfill active at once, where a contender differs from the DAGs' ``MAX_ACTIVE_RUNS``:
 #: by Little's law a backfill keeps ``max_active_runs / run latency`` runs per second moving, and a
 #: run's latency grows with the queues at the Ray pools
 MAX_ACTIVE_RUNS_OF = {"warm_rest_runs16": 16}
+#: Airflow settings of a contender's running Airflow: ``warm_rest_upstream`` ranks a task by its
+#: upstream tasks (Airflow's default ranks it by its downstream ones): where tasks wait for a worker
+#: slot, a run's training and registration go before the next runs' sensors and cluster checks
+AIRFLOW_CONFIG_OF = {"warm_rest_upstream": {"AIRFLOW__CORE__DEFAULT_TASK_WEIGHT_RULE": "upstream"}}
 #: slots of each Ray pool per warm lane, where a contender differs from the sizing rule's
 #: (``devstack.airflow.WARM_SLOTS_PER_LANE``): ``warm_queue3`` has two tasks' jobs wait at a busy
 #: replica instead of one, so the Airflow side of the next task has two calls' time to get there
@@ -119,6 +124,7 @@ DEFER_AFTER = {
     "warm_queue3": 0,
     "warm_rest": 0,
     "warm_rest_runs16": 0,
+    "warm_rest_upstream": 0,
 }
 
 
@@ -126,6 +132,10 @@ def use_contender(name: str, stack: Any = None) -> None:
     """Set the contender's Variables for the ``dags test`` runs and the Airflow started after this, and
     where ``stack``'s ``mlflow_default`` points (:data:`MLFLOW_SERVER`)."""
     os.environ["AIRFLOW_VAR_EMR_RAY_DEFER_AFTER"] = str(DEFER_AFTER[name])
+    for settings in AIRFLOW_CONFIG_OF.values():
+        for key in settings:
+            os.environ.pop(key, None)
+    os.environ.update(AIRFLOW_CONFIG_OF.get(name, {}))
     if stack is not None:
         server = name in MLFLOW_SERVER
         stack.connection_overrides = {"mlflow_default": {"host": stack.mlflow_ui_url}} if server else {}
