@@ -148,10 +148,12 @@ def arrivals(
 
 def task_finder(api: Any) -> Callable[[str], dict[str, Any] | None]:
     """For the injector: a running task instance's run, task and try, by its id (a Celery worker's
-    task runner names only the id; a retry gets another one, so it is looked up at the kill)."""
+    task runner names only the id; a retry gets another one, so it is looked up at the kill). In any
+    state: the worker's process may outlive its try's running state by a moment (the try deferred
+    or ended), and the kill still lands on that try."""
 
     def find(ti_id: str) -> dict[str, Any] | None:
-        path = f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances?state=running&state=queued&limit=1000"
+        path = f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances?limit=1000"
         for ti in api.call("GET", path, retries=2)["task_instances"]:
             if ti["id"] == ti_id:
                 return {"run_id": ti["dag_run_id"], "task_id": ti["task_id"], "try_number": ti["try_number"]}
