@@ -85,6 +85,11 @@ class MLflowRegistryError(EmrRayError):
     """A model could not be registered or promoted."""
 
 
+class RegistryIncompleteError(MLflowRegistryError):
+    """The registry could not say completely what live model versions need (MLflow down, a model this
+    login may not read): housekeeping removed no committed data. A retry asks again."""
+
+
 class MLflowMetricNotFiniteError(MLflowRegistryError, AirflowFailException):
     """The run's gate metric is NaN or infinite: nothing is registered, and the task fails without retry."""
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from emr_ray.cluster import partitions, retention, storage
+from emr_ray.cluster.model_retention import RunLineage, VersionFacts, VersionPolicy, versions_of_model
 
 DAY = 86400
 
@@ -58,8 +59,7 @@ def test_superseded_generations_stay_for_the_retention_period_whatever_their_cou
     """Five reruns in a day remove nothing: a reader of any of them finishes. Once superseded for
     longer than the retention period, beyond ``keep``, they go (manifest first, then files)."""
     made = [partitions.write_tables(partition, {"train": rows(2, i)}, {}) for i in range(5)]
-    retention.tidy(partition, policy=retention.Policy(keep=1))
-    assert generations(partition) == sorted(c.generation for c in made)
+    assert retention.plan(partition, policy=retention.Policy(keep=1)) == []
 
     for committed in made[:-1]:  # eight days pass for all but the newest commit
         age(f"{root_of(partition)}/_commits/{committed.key}.json", 8 * DAY)
@@ -161,3 +161,132 @@ def test_a_policy_that_could_remove_live_data_is_refused(policy, message):
 def test_pin_holders_are_names_not_paths(partition):
     with pytest.raises(storage.StorageError, match="Pin holder '../x'"):
         retention.pin(partition, partitions.new_generation(), "../x")
+
+
+# -- what the registry says ---------------------------------------------------------------------
+NOW = dt.datetime(2026, 12, 7, tzinfo=dt.UTC)
+
+
+def training_pin(run_id: str | None, days_old: float = 8) -> retention.Pin:
+    return retention.Pin("file:///d/dt=1", "g1", f"train-{run_id}",
+                         {"kind": "training", "mlflow_run_id": run_id}, NOW - dt.timedelta(days=days_old))  # fmt: skip
+
+
+def version(v: str, run_id: str, *, rank: int, days_old: float = 30, aliases=()) -> VersionFacts:
+    return VersionFacts("m", v, run_id, NOW - dt.timedelta(days=days_old), tuple(aliases), rank)
+
+
+def test_a_training_pin_goes_only_when_the_registry_positively_says_its_versions_are_not_kept():
+    old = version("1", "r-old", rank=5)
+    archived_champion = version("2", "r-champ", rank=4, aliases=["champion"])
+    references = retention.References(
+        runs={"r-old": RunLineage("r-old", (old,)), "r-champ": RunLineage("r-champ", (archived_champion,)),
+              "r-none": RunLineage("r-none"), "r-hidden": RunLineage("r-hidden", problem="may not read 'x'")},
+        asked=True,
+    )  # fmt: skip
+    why = references.release(retention.Policy(), NOW)
+    assert why(training_pin("r-old")) == (
+        "no version registered from its MLflow run r-old (m v1) is kept by the policy any more"
+    )
+    assert why(training_pin("r-none")) == "its MLflow run r-none registered no model version"
+    assert why(training_pin(None)) == "its training never started an MLflow run"
+    assert why(training_pin("r-champ")) is None  # an alias holder keeps its data
+    assert why(training_pin("r-hidden")) is None  # the registry could not say
+    assert why(training_pin("r-unasked")) is None  # never asked about: no evidence
+    assert why(training_pin("r-old", days_old=2)) is None  # within the retention period
+
+
+def test_an_incomplete_registry_answer_releases_nothing_and_removes_no_committed_data(partition):
+    made = commits(partition, 4)
+    retention.pin(partition, made[0].generation, "train-r1", kind="training", mlflow_run_id="r1")
+    age(f"{root_of(partition)}/_pins", 8 * DAY)
+    root = root_of(partition)
+    dead = partitions.new_generation(dt.datetime.now(dt.UTC) - dt.timedelta(hours=9))
+    os.makedirs(f"{root}/_generations/{dead}/train")
+    age(f"{root}/_generations/{dead}", 7 * 3600)
+    incomplete = retention.References(runs={"r1": RunLineage("r1")}, problems=("MLflow is down",), asked=True)
+    policy = retention.Policy(keep=1, expire_after_s=8 * DAY)
+    swept = retention.sweep(partition.rpartition("/")[0], None, policy, incomplete)
+    assert [(r.kind, r.name) for r in swept.planned] == [("abandoned", dead)]  # needs no registry
+    complete = retention.References(runs={"r1": RunLineage("r1")}, asked=True)
+    swept = retention.sweep(partition.rpartition("/")[0], None, policy, complete)
+    assert {r.kind for r in swept.planned} == {"pin", "generation", "abandoned"}
+
+
+def test_a_pin_is_never_downgraded_by_a_rerun_without_its_run_id(partition):
+    generation = commits(partition, 1)[0].generation
+    retention.pin(partition, generation, "train-x", kind="training", mlflow_run_id="r1")
+    retention.pin(partition, generation, "train-x", kind="training", mlflow_run_id=None)  # a reused training
+    (found,) = retention.pins(partition)
+    assert found.mlflow_run_id == "r1"
+    retention.pin(partition, generation, "train-x", kind="training", mlflow_run_id="r2")  # a fresh fit
+    assert retention.pins(partition)[0].mlflow_run_id == "r2"
+
+
+def test_a_writers_own_clean_up_never_removes_committed_data(partition):
+    """However old the superseded generations, only the sweep (which asks the registry) removes them."""
+    made = commits(partition, 5)
+    retention.tidy(partition, policy=retention.Policy(keep=1))
+    assert generations(partition) == sorted(c.generation for c in made)
+
+
+def test_a_partition_expires_whole_only_when_nothing_holds_any_of_its_generations(partition):
+    made = commits(partition, 2)
+    age(f"{root_of(partition)}/_commits", 31 * DAY)
+    policy = retention.Policy(keep=3, expire_after_s=30 * DAY)
+    plan = retention.plan(partition, policy=policy)
+    assert [r.name for r in plan] == [c.generation for c in made]  # the current one goes last
+    assert "rerun its preprocessing to produce it again" in plan[-1].reason
+    retention.pin(partition, made[0].generation, "audit-q4", kind="manual")
+    assert retention.plan(partition, policy=policy) == []  # an older one would become current
+    with pytest.raises(storage.StorageError, match="cannot expire before"):
+        retention.Policy(retain_s=7 * DAY, expire_after_s=DAY)
+
+
+def test_sixty_days_of_daily_runs_keep_storage_flat_and_every_alias_holders_data_whole(tmp_path):
+    """Daily partitions, a training and a registration each day, a new champion every 10 days, the
+    sweep daily (the store's clock moved a day at a time): bytes stop growing once the retention period
+    has passed, and the champion's and the newest versions' generations always read whole."""
+    dataset = f"file://{tmp_path}/staging/tabular"
+    policy = retention.Policy(retain_s=7 * DAY, expire_after_s=7 * DAY,
+                              versions=VersionPolicy(keep_newest=3, keep_days=7))  # fmt: skip
+    start = dt.datetime(2026, 9, 1, tzinfo=dt.UTC)
+    trained: dict[str, partitions.Committed] = {}
+    rows_, aliases, sizes = [], {}, []
+    for day in range(60):
+        now = start + dt.timedelta(days=day)
+        partition = f"{dataset}/dt={now:%Y-%m-%d}"
+        committed = partitions.write_tables(partition, {"train": rows(500, day)}, {})
+        run_id = f"run-{day:02d}"
+        retention.pin(
+            partition, committed.generation, f"train-{run_id}", kind="training", mlflow_run_id=run_id
+        )
+        age(root_of(partition), time.time() - now.timestamp())  # written "on that day"
+        trained[run_id] = committed
+        rows_.append((str(day + 1), run_id, int(now.timestamp() * 1000), {}))
+        aliases["challenger"] = str(day + 1)
+        if day % 10 == 0:
+            aliases["champion"] = str(day + 1)
+        facts = versions_of_model("m", rows_, aliases)
+        references = retention.References({v.run_id: RunLineage(v.run_id, (v,)) for v in facts}, asked=True)
+        swept = retention.sweep(
+            dataset, None, policy, references, dry_run=False, now=now + dt.timedelta(hours=1)
+        )
+        assert not swept.failed
+        sizes.append(sum(f.stat().st_size for f in (tmp_path / "staging").rglob("*") if f.is_file()))
+        for v in facts:
+            if policy.versions.why_kept(v, now):  # every kept version's data reads whole
+                assert partitions.pinned(trained[v.run_id].partition_uri, trained[v.run_id].generation)
+        assert len(read_all(trained[f"run-{int(aliases['champion']) - 1:02d}"], "train")) == 500
+    one_day = sizes[0]
+    assert max(sizes[20:]) <= max(sizes[10:20]), sizes  # flat after the retention period
+    assert max(sizes) <= 12 * one_day, sizes  # a week of dates, the champion's, the newest versions'
+    print("bytes kept by day (10..60):", sizes[9::10], "one day's generation:", one_day)
+
+
+def read_all(committed: partitions.Committed, output: str) -> list[int]:
+    import pyarrow.parquet as pq
+
+    fsys = storage.filesystem(committed.partition_uri)
+    files = partitions.dataset_files(committed, output)
+    return [v for path, _ in files for v in pq.read_table(path, filesystem=fsys).column("x").to_pylist()]

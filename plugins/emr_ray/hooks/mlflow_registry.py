@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
 
+    from emr_ray.cluster.model_retention import VersionFacts
+
 #: Model version tag that records the model's name in the run (``log_model(name=...)``).
 TAG_ARTIFACT_PATH = "artifact_path"
 
@@ -152,6 +154,83 @@ class MLflowRegistryMixin:
                 token = page.token
                 if not token:
                     return found
+
+    def registered_model_names(self: _Host) -> list[str]:
+        """
+        Every registered model this login may see, all pages. MLflow's auth app leaves out, without a
+        word, the models a login may not read: what is missing here proves nothing.
+        """
+        names: list[str] = []
+        token = None
+        with self.credentials():
+            while True:
+                page = self.client.search_registered_models(max_results=1000, page_token=token)
+                names += [m.name for m in page]
+                token = page.token
+                if not token:
+                    return names
+
+    def version_facts(self: _Host, name: str) -> list[VersionFacts]:
+        """
+        Every version of ``name`` with its aliases and rank (:mod:`emr_ray.cluster.model_retention`);
+        none when the model does not exist. Read after the model itself, so an answer is complete:
+        a login that may not read the model raises :class:`~emr_ray.exceptions.MLflowAuthError`.
+
+        :param name: registered model name.
+        """
+        from mlflow.exceptions import MlflowException
+
+        from emr_ray.cluster.model_retention import versions_of_model
+
+        rows: list[tuple[str, str | None, int | None, dict[str, str]]] = []
+        token = None
+        with self.credentials():
+            try:
+                model = self.client.get_registered_model(name)
+            except MlflowException as e:
+                if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                    return []
+                raise
+            while True:
+                page = self.client.search_model_versions(f"name = '{name}'", page_token=token)
+                rows += [(str(v.version), v.run_id, v.creation_timestamp, dict(v.tags or {})) for v in page]
+                token = page.token
+                if not token:
+                    break
+        return versions_of_model(name, rows, {str(a): str(v) for a, v in (model.aliases or {}).items()})
+
+    def run_tags(self: _Host, run_id: str) -> dict[str, str] | None:
+        """
+        The tags of MLflow run ``run_id`` (a deleted run's too); None when the run is gone for good.
+
+        :param run_id: MLflow run id.
+        """
+        from mlflow.exceptions import MlflowException
+
+        with self.credentials():
+            try:
+                return dict(self.client.get_run(run_id).data.tags)
+            except MlflowException as e:
+                if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                    return None
+                raise
+
+    def record_registration(self: _Host, run_id: str, run_tags: dict[str, str], name: str) -> None:
+        """
+        Name ``name`` on run ``run_id`` (:data:`~emr_ray.cluster.model_retention.REGISTERED_MODELS_TAG`)
+        before a version of it is registered from the run: retention then finds the version from
+        the run, across all models, without a list (:mod:`emr_ray.registry_lineage`).
+
+        :param run_id: the MLflow run the version is registered from.
+        :param run_tags: the run's tags as read.
+        :param name: registered model name.
+        """
+        from emr_ray.cluster.model_retention import REGISTERED_MODELS_TAG, with_registered_model
+
+        value = with_registered_model(run_tags, name)
+        if value is not None:
+            with self.credentials():
+                self.client.set_tag(run_id, REGISTERED_MODELS_TAG, value)
 
     def get_model_version(self: _Host, name: str, version: str | int) -> ModelVersion:
         """

@@ -272,6 +272,9 @@ class MLflowRegisterOperator(BaseOperator):
             self._lineage_result = self._result(name, None, candidate, champion, decision, [], reused=False)
             return self._lineage_result
 
+        # the run names the model before a version exists: retention finds the version from the run
+        # (emr_ray.registry_lineage), so the data it was trained on is never judged unneeded by a list
+        hook.record_registration(run_id, dict(run.data.tags), name)
         if existing is not None:
             version, reused = str(existing.version), True
             self.log.info(

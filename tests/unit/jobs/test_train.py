@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pyarrow as pa
 import pytest
 from pyarrow import fs as pafs
 
-from emr_ray.cluster import partitions
+from emr_ray.cluster import partitions, retention, storage
 from emr_ray.cluster.jobs import train as job
 from emr_ray.cluster.jobs._runtime import JobInputError
 from emr_ray.cluster.spec import MLflowSection, ScalingSpec, TrainJobSpec
@@ -127,3 +129,22 @@ def test_a_run_of_new_inputs_waits_for_an_abandoned_call_before_it_clears_the_ru
     assert waited_with == ["of-the-old-inputs"]  # it waited before touching the folder
     assert started.value.args == (None,)  # a new MLflow run, not the old inputs' one
     assert not run_dir.exists() or not any(run_dir.iterdir())  # the old inputs' folder: cleared whole
+
+
+def test_a_pin_that_cannot_be_written_fails_the_training_with_the_fix_and_a_rerun_keeps_its_run(staged):
+    """Storage the training may not write under ``_pins/`` (here a file where the folder goes: this
+    runs as root, which file modes do not stop) fails the job as an input error naming what to grant."""
+    spec = spec_for(staged)
+    options = spec.storage.options()
+    inputs = job.resolve_inputs(spec, options)
+    job.pin_inputs(spec, inputs, options, "run-1")
+    job.pin_inputs(spec, inputs, options)  # a reused training: its pin keeps the run id
+    assert {p.mlflow_run_id for p in retention.pins(staged.partition_uri)} == {"run-1"}
+
+    root = storage.split_uri(staged.partition_uri)[1]
+    blocked = f"{root}/{partitions.PINS}"
+    shutil.rmtree(blocked)
+    with open(blocked, "w") as f:
+        f.write("not a folder")
+    with pytest.raises(JobInputError, match=r"give the training's storage keys write access under .*/_pins/"):
+        job.pin_inputs(spec, inputs, options, "run-1")

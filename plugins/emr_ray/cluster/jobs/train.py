@@ -125,9 +125,10 @@ def planned_rows(plan: dict[str, Any], spec: TrainJobSpec) -> dict[str, int]:
 def pin_inputs(spec: TrainJobSpec, inputs: Inputs, options: storage.StorageOptions,
                mlflow_run_id: str | None = None) -> None:  # fmt: skip
     """Pin each input generation for this training (``train-<run name>``), with its MLflow run once
-    known: retention keeps them while it reads, and afterwards while a model version of that run is
-    registered (the housekeeping DAG asks MLflow). A pin that cannot be written is logged: the
-    retention period still protects the read."""
+    known: retention keeps them while it reads, and afterwards while a version registered from that run
+    is kept (the housekeeping asks the registry). A rerun without a run id never erases the one the pin
+    holds (:func:`~emr_ray.cluster.retention.pin`). A pin that cannot be written fails the training: a
+    model version whose data retention may remove is not traceable months later."""
     for committed, _ in inputs.values():
         if committed.generation == partitions.LEGACY:
             continue
@@ -135,8 +136,12 @@ def pin_inputs(spec: TrainJobSpec, inputs: Inputs, options: storage.StorageOptio
             retention.pin(committed.partition_uri, committed.generation, f"train-{spec.run_name}", options,
                           kind="training", run_name=spec.run_name, mlflow_run_id=mlflow_run_id)  # fmt: skip
         except Exception as e:
-            log.warning("Could not pin generation %s of %s for this training: %s",
-                        committed.generation, committed.partition_uri, e)  # fmt: skip
+            raise JobInputError(
+                f"Could not pin generation {committed.generation} of {committed.partition_uri} for this "
+                f"training ({type(e).__name__}: {e}). Without the pin, retention could remove the data a "
+                f"model version is trained on: give the training's storage keys write access under "
+                f"{committed.partition_uri}/{partitions.PINS}/, then run the task again."
+            ) from e
 
 
 # -- step 2: resume state ---------------------------------------------------------------------------
