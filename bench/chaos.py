@@ -19,7 +19,7 @@ later dates landing in COS while they run, each found by ``retrain_on_arrival``'
 (through the COS fault proxy) and run by it. A wall time is the backfill's start to the end of its
 last run, arrivals' and reruns' included. How Airflow recovered the task of each killed Celery
 worker (its try at the kill, its last try and state) is reported. When the warm pools have had
-their idle time, the audit (:mod:`bench.audit`) checks every date and prints its table; the soak
+their idle time, the audit (:mod:`emr_ray.audit`) checks every date and prints its table; the soak
 exits with the audit's code. Figures go to ``bench/results/chaos-<seed>.json``.
 
 Everything lives under ``.state/bench/chaos`` (removed at start). Run inside the loopback namespace::
@@ -221,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     draw(seed, args.faults, 100, kinds)  # refuses unknown kinds before anything starts
     print(f"chaos: seed {seed}", flush=True)
 
-    from bench import audit
     from bench.chaos_faults import Injector
     from devstack.airflow import LocalAirflow, ray_pool_slots
     from devstack.fault_proxy import FaultProxy
     from devstack.ray_head import add_worker_node
     from devstack.stack import LocalStack
+    from emr_ray.audit import cli as audit
     from include.data import synthetic
     from tests.fixtures.airflow_live import Api
 

@@ -9,13 +9,14 @@ the way they would read it: the Jobs API (job list, job info, job logs), the das
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
 
 from devstack.constants import SECRET_KEY
 from devstack.ray_head import ray_temp_dir
+from emr_ray.audit import sources
+from emr_ray.audit.rules import find_secrets
 from emr_ray.cluster.secrets import SECRET_REF_ENV, copy_key
 from emr_ray.hooks.ray import RayHook
 from emr_ray.operators.ray import RayJobOperator
@@ -60,15 +61,18 @@ def test_cos_keys_reach_the_driver_and_a_worker_and_no_page_or_log(
     env = job["runtime_env"].get("env_vars", {})
     assert not set(SECRET_NAMES) & set(env), "secret names in the runtime_env"
     assert env["PARTNER_REGION"] == "ap-guangzhou"  # not secret-looking: stays
-    readable = [json.dumps(job), hook.get_job_logs(submission_id), job["entrypoint"]]
-    readable += [hook._request("GET", page).text for page in _PAGES]
-    for text in readable:
-        assert SECRET_KEY not in text and USER_TOKEN not in text
+    # what the audit (python -m emr_ray.audit) reads: the Jobs API's record with its spec decoded, the
+    # driver's log, the dashboard's pages and every node's session logs through the dashboard's log API
+    readable = sources.job_records([job]) | sources.cluster_logs(ray_conn)
+    readable |= {"driver log": hook.get_job_logs(submission_id)}
+    readable |= {page: hook._request("GET", page).text for page in _PAGES}
+    assert any("runtime_env_agent" in where for where in readable), "the cluster's session logs were not read"
+    assert any("decoded entrypoint" in where for where in readable), "the job's spec was not decoded"
+    assert find_secrets(readable, [SECRET_KEY, USER_TOKEN]) == []
 
     logs = [p for p in ray_temp_dir(ray_cluster.state_dir).rglob("*") if p.is_file() and "logs" in p.parts]
-    assert any(p.name.startswith("runtime_env_agent") for p in logs), "the cluster's log folder was not found"
     leaking = [str(p) for p in logs if SECRET_KEY.encode() in _read(p) or USER_TOKEN.encode() in _read(p)]
-    assert leaking == []
+    assert leaking == []  # the same files read directly, rotated or not
 
     # single use: the staged blob was taken, and the job-scoped copy went with the driver
     ref = env[SECRET_REF_ENV]

@@ -12,7 +12,7 @@ triggerer, so a killed one's triggers move to the new one; a killed worker's tas
 scheduler once its heartbeat stops, and retried.
 
 What must hold afterwards: every run with data succeeds and the date without data fails alone, at
-its sensor, leaving nothing; the audit's rules (:mod:`bench.audit_rules`) find nothing lost,
+its sensor, leaving nothing; the audit's rules (:mod:`emr_ray.audit.rules`) find nothing lost,
 duplicated, orphaned or leaked over these dates and runs (every date's current generation holds the
 raw partition's rows, no generation left uncommitted by a killed try, every version names a
 committed generation and its own run, no Ray job running for a try that is gone, no secret in any
@@ -92,7 +92,8 @@ def test_a_backfill_raced_by_a_manual_run_under_killed_workers_scheduler_and_tri
 ):
     import mlflow
 
-    from bench import audit, audit_rules
+    from emr_ray.audit import rules as audit_rules
+    from emr_ray.audit import sources as audit
     from emr_ray.cluster import partitions, storage
     from include.data import synthetic
 

@@ -1,4 +1,4 @@
-"""The chaos audit's rules (``bench/audit_rules.py``) on tiny data: what counts as lost, duplicated,
+"""The chaos audit's rules (``emr_ray/audit/rules.py``) on tiny data: what counts as lost, duplicated,
 orphaned, misdecided or leaked, and the table whose lines must all be 0."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.audit_rules import (
+from emr_ray.audit.rules import (
     Finding,
     PartitionState,
     VersionState,
@@ -98,6 +98,19 @@ def test_each_model_version_names_a_committed_generation_and_its_own_run():
     ]
 
 
+def test_a_kept_versions_generation_must_be_whole_and_a_released_ones_may_be_gone():
+    """A version the retention policy keeps whose generation lost a file or rows is lost; one the policy
+    let go may have no data left (retention removed it by design)."""
+    versions = [
+        version(1, "backfill__a", 0.9, data_problem="output train holds 70 rows, its manifest declares 80"),
+        version(2, "backfill__b", 0.8, kept=False, generation_committed=False),
+    ]
+    findings = check_versions(versions, registered_runs={"backfill__a", "backfill__b"})
+    assert [(f.line, f.what) for f in findings] == [
+        ("lost", "v1's generation g1: output train holds 70 rows, its manifest declares 80"),
+    ]
+
+
 def test_the_champion_is_replayed_in_registration_order_with_the_promotion_rule():
     """No champion: the first version takes it, even from a backfill; later backfill versions stay
     challengers however good (historical); a manual run promotes when it beats the champion."""
@@ -132,6 +145,21 @@ def test_a_ray_job_running_for_a_finished_try_is_orphaned():
     assert [f.what for f in check_jobs(jobs, tries)] == [
         "b is RUNNING but d.r.preprocess try 1 is failed",
         "d is PENDING but d.r.gone try 1 is gone",
+    ]
+
+
+def test_an_earlier_trys_job_still_running_beside_a_later_trys_own_job_is_orphaned():
+    """Keyed by try, not by task: the live later try hides nothing. A retry that reattached owns the
+    earlier job (one job: no finding)."""
+
+    def job(sid: str, try_number: str, task: str = "train") -> dict:
+        return {"submission_id": sid, "status": "RUNNING", "metadata": {"airflow_dag_id": "d", "airflow_run_id": "r",
+                "airflow_task_id": task, "airflow_try_number": try_number}}  # fmt: skip
+
+    tries = {("d", "r", "train"): "deferred", ("d", "r", "preprocess"): "running"}
+    jobs = [job("t1", "1"), job("t2", "2"), job("reattached", "1", "preprocess")]
+    assert [f.what for f in check_jobs(jobs, tries)] == [
+        "t1 of try 1 of d.r.train is still active beside try 2's job t2"
     ]
 
 

@@ -1,61 +1,31 @@
-"""The chaos audit: did a DAG's runs lose, duplicate or orphan anything? Read-only; runs against a real
-deployment as against the local stack, through the same Airflow connections the DAGs use::
+"""What the audit reads, read-only: Airflow's REST API, the store, the registry, the cluster, the logs.
 
-    python -m bench.audit --dag retrain_tabular --model tabular-mlp \\
-        --raw-uri cos://bucket/raw --staged-uri cos://bucket/staging/tabular --dates 2026-10-01:2026-10-30 \\
-        --airflow-url https://airflow.example --airflow-user auditor --logs /opt/airflow/logs
-
-For every date: exactly one current generation whose rows equal the raw partition's (footers of the
-files its manifest lists, and the rows it read); no generation left uncommitted by a writer that is
-gone (``--idle-s``). Every model version names a committed generation and the MLflow run that made
-it, one version per Airflow run; the champion is the version the promotion rule picks, replayed in
-registration order (a champion a person moved by hand fails this line, as it should be explained).
-No Ray job PENDING or RUNNING without a live Airflow try (the Jobs API's ``airflow_*`` metadata, the
-REST API's task instance state); no warm pool alive past ``--warm-idle-s`` after the last job; no
-secret of the connections (``--secret-conn``) in any log (the files under ``--logs``, and the driver
-logs of the DAG's Ray jobs).
-
-It prints a table (faults by kind from ``--fault-log``, retries, then lost, duplicated, orphaned,
-misdecided, leaked) and exits 1 unless each of those is 0. The rules are :mod:`bench.audit_rules`.
-Nothing is written, except the JSON of ``--json``. Ages are taken with this machine's clock.
+Nothing here writes (no probe, no tag, no pin), so the audit runs with a read-only credential. The rules
+that judge what is read are :mod:`emr_ray.audit.rules`.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
+import base64
+import binascii
 import json
-import os
-import sys
+import re
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench.audit_rules import (
-    Finding,
-    PartitionState,
-    VersionState,
-    check_champion,
-    check_jobs,
-    check_partition,
-    check_versions,
-    check_warm_pools,
-    count_faults,
-    exit_code,
-    find_secrets,
-    run_partition,
-    table,
-    totals,
-)
+from emr_ray.audit.rules import PartitionState, VersionState
 
 #: the warm pools' Ray namespaces (``emr_ray.cluster.jobs.warm.POOLS``)
 WARM_NAMESPACES = ("emr_ray_spark_sessions", "emr_ray_train_groups")
 #: bytes read from each log file (the end of a longer one)
 LOG_BYTES = 4 << 20
+#: lines read from the end of each of the cluster's session log files
+CLUSTER_LOG_LINES = 20000
 
 
 # -- Airflow ---------------------------------------------------------------------------------------
@@ -177,26 +147,51 @@ def partition_state(raw_uri: str, staged_uri: str, date: str, options: Any, now:
 
 
 # -- the registry ----------------------------------------------------------------------------------
-def version_states(
-    mlflow_conn_id: str, model: str, metric: str, options: Any
-) -> tuple[list[VersionState], str | None]:
-    """Every live version of ``model`` with what it names, and the version the champion alias points at."""
+def generation_problem(data_uri: str, generation: str, options: Any) -> str | None:
+    """Why the generation is not whole (None: it is): every file its manifest lists is there with its
+    size, and the rows the files' footers hold are the rows the manifest declares for each output."""
     from emr_ray.cluster import partitions, storage
+
+    opts = options if data_uri.startswith("cos://") else None
+    try:
+        committed = partitions.pinned(data_uri, generation, opts)
+    except (storage.StorageError, OSError) as e:
+        return f"not committed ({e})"
+    fsys = storage.filesystem(data_uri, opts)
+    for name, entry in sorted(committed.outputs.items()):
+        try:
+            rows = _parquet_rows(fsys, [p for p, _ in partitions.dataset_files(committed, name, opts)])
+        except (storage.StorageError, OSError) as e:
+            return f"output {name}: {e}"
+        declared = entry.get("rows")
+        if declared is not None and int(declared) != rows:
+            return f"output {name} holds {rows} rows, its manifest declares {declared}"
+    return None
+
+
+def version_states(
+    mlflow_conn_id: str, model: str, metric: str, options: Any, policy: Any = None
+) -> tuple[list[VersionState], str | None]:
+    """Every version of ``model`` with what it names, whether the retention ``policy``
+    (:class:`~emr_ray.cluster.model_retention.VersionPolicy`) keeps its data and, if so, whether that
+    data is whole; and the version the champion alias points at."""
+    import datetime as dt
+
+    from emr_ray.cluster.model_retention import VersionPolicy
     from emr_ray.cluster.promotion import comparison_from_run
     from emr_ray.hooks.mlflow import MLflowHook
 
+    policy = policy or VersionPolicy()
     hook = MLflowHook(mlflow_conn_id)
+    facts = {f.version: f for f in hook.version_facts(model)}
+    now = dt.datetime.now(dt.UTC)
     states = []
     for v in hook.live_versions(model):
         tags = v.tags or {}
         data_uri, generation = tags.get("data_uri"), tags.get("generation")
-        committed = False
-        if data_uri and generation:
-            try:
-                partitions.pinned(data_uri, generation, options if data_uri.startswith("cos://") else None)
-                committed = True
-            except (storage.StorageError, OSError):
-                committed = False
+        fact = facts.get(str(v.version))
+        kept = fact is None or policy.why_kept(fact, now) is not None
+        problem = generation_problem(data_uri, generation, options) if data_uri and generation else None
         run = None
         try:
             with hook.credentials():
@@ -217,7 +212,7 @@ def version_states(
                 airflow_run_id=tags.get("airflow.run_id"),
                 data_uri=data_uri,
                 generation=generation,
-                generation_committed=committed,
+                generation_committed=problem is None or not problem.startswith("not committed"),
                 run_found=run is not None,
                 run_matches=matches,
                 value=metrics.get(metric),
@@ -225,6 +220,8 @@ def version_states(
                 comparison=comparison_from_run(run_tags, metrics, model_name=model, metric=metric)
                 if run
                 else None,
+                kept=kept,
+                data_problem=problem,
             )
         )
     champion = hook.get_aliases(model).get("champion") if states else None
@@ -294,124 +291,51 @@ def connection_secrets(conn_ids: Iterable[str]) -> list[str]:
     return [s for s in found if s]
 
 
-# -- the whole audit -------------------------------------------------------------------------------
-def parse_dates(text: str) -> list[str]:
-    """``2026-10-01:2026-10-30`` (inclusive) or ``2026-10-01,2026-10-03``."""
-    if ":" in text:
-        first, last = (dt.date.fromisoformat(p) for p in text.split(":", 1))
-        return [(first + dt.timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]
-    return [d.strip() for d in text.split(",") if d.strip()]
+def job_records(jobs: Iterable[dict]) -> dict[str, str]:
+    """What the Jobs API shows of each job, as text to search: its JSON (entrypoint, metadata,
+    runtime_env, message) and every base64 argument of its entrypoint decoded (the spec travels so)."""
+    texts = {}
+    for job in jobs:
+        name = f"ray job {job.get('submission_id') or job.get('job_id')}"
+        texts[f"{name} (Jobs API record)"] = json.dumps(job, sort_keys=True, default=str)
+        decoded = [
+            _b64(token) for token in re.findall(r"[A-Za-z0-9+/_=-]{24,}", str(job.get("entrypoint") or ""))
+        ]
+        if any(decoded):
+            texts[f"{name} (decoded entrypoint)"] = "\n".join(d for d in decoded if d)
+    return texts
 
 
-def audit(args: argparse.Namespace) -> dict[str, Any]:
-    """Read everything, apply the rules; returns the figures, the findings and the table."""
-    from emr_ray.housekeeping import storage_options
+def cluster_logs(ray_conn_id: str, lines: int = CLUSTER_LOG_LINES) -> dict[str, str]:
+    """The end of every log file of the cluster's session on every node (the dashboard's log API)."""
+    from emr_ray.hooks.ray import RayHook
 
-    uris = (args.raw_uri, args.staged_uri)
-    options = storage_options(args.cos_conn_id) if any(u.startswith("cos://") for u in uris) else None
-    dates = parse_dates(args.dates)
-    now = time.time()
-    findings: list[Finding] = []
-    for date in dates:
-        findings += check_partition(
-            partition_state(args.raw_uri, args.staged_uri, date, options, now), idle_s=args.idle_s
-        )
-
-    api = AirflowApi(
-        args.airflow_url, user=args.airflow_user, password=args.airflow_password, token=args.airflow_token
-    )
-    runs = [r for r in api.runs(args.dag) if run_partition(r) in dates]
-    tries: dict[tuple[str, str, str], str] = {}
-    retries, registered = 0, set()
-    for run in runs:
-        for ti in api.task_instances(args.dag, run["dag_run_id"]):
-            tries[(args.dag, run["dag_run_id"], ti["task_id"])] = ti.get("state") or ""
-            retries += max(0, int(ti.get("try_number") or 0) - 1)
-            if ti["task_id"] == args.register_task and ti.get("state") == "success":
-                registered.add(run["dag_run_id"])
-        if run.get("state") == "failed":
-            findings.append(
-                Finding("lost", "dag run", f"{run['dag_run_id']} (dt={run_partition(run)}) failed")
-            )
-
-    versions, champion = version_states(args.mlflow_conn_id, args.model, args.metric, options)
-    findings += check_versions(versions, registered)
-    findings += check_champion(versions, champion, direction=args.direction, min_improvement=args.min_improvement,
-                               promote_historical=args.promote_historical)  # fmt: skip
-
-    jobs, pools = ray_state(args.ray_conn_id)
-    for job in jobs:  # the tries of active jobs outside the audited runs too
-        meta = job.get("metadata") or {}
-        key = (
-            meta.get("airflow_dag_id", ""),
-            meta.get("airflow_run_id", ""),
-            meta.get("airflow_task_id", ""),
-        )
-        if job.get("status") in ("PENDING", "RUNNING") and all(key) and key not in tries:
-            tries[key] = api.task_state(*key) or ""
-    findings += check_jobs(jobs, tries)
-    findings += check_warm_pools(pools, jobs, now_s=time.time(), idle_s=args.warm_idle_s)
-
-    texts = log_files(args.logs) | job_logs(args.ray_conn_id, jobs, args.dag)
-    findings += find_secrets(texts, connection_secrets(args.secret_conn))
-    faults = count_faults(Path(args.fault_log).read_text().splitlines()) if args.fault_log else {}
-    return {
-        "dates": dates,
-        "runs": len(runs),
-        "versions": len(versions),
-        "champion": champion,
-        "ray_jobs": len(jobs),
-        "logs_read": len(texts),
-        "faults": faults,
-        "retries": retries,
-        "totals": totals(findings),
-        "findings": [asdict(f) for f in findings],
-        "table": table(faults, retries, findings),
-        "exit_code": exit_code(findings),
-    }
+    hook = RayHook(ray_conn_id)
+    nodes = hook.check_response(hook.client.get("/api/v0/nodes?limit=10000&detail=true"))
+    assert nodes is not None
+    texts = {}
+    for node in nodes.json().get("data", {}).get("result", {}).get("result", []):
+        node_id = node.get("node_id")
+        if not node_id or node.get("state") != "ALIVE":
+            continue
+        listed = hook.check_response(hook.client.get(f"/api/v0/logs?node_id={node_id}"))
+        assert listed is not None
+        for names in (listed.json().get("data", {}).get("result") or {}).values():
+            for name in names:
+                query = urllib.parse.urlencode({"node_id": node_id, "filename": name, "lines": lines})
+                try:
+                    answer = hook.client.get(f"/api/v0/logs/file?{query}")
+                    texts[f"cluster log {node_id[:8]}:{name}"] = (
+                        answer.text if answer.status_code == 200 else ""
+                    )
+                except Exception as e:  # a file rotated away between the listing and the read
+                    texts[f"cluster log {node_id[:8]}:{name}"] = f"(unreadable: {type(e).__name__})"
+    return texts
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.audit", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dag", default="retrain_tabular")
-    p.add_argument("--model", default="tabular-mlp", help="the registered model the DAG promotes")
-    p.add_argument("--metric", default="test_accuracy", help="the promotion's gate metric")
-    p.add_argument("--direction", default="max", choices=("max", "min"))
-    p.add_argument("--min-improvement", type=float, default=0.0)
-    p.add_argument("--promote-historical", action="store_true")
-    p.add_argument("--register-task", default="register")
-    p.add_argument("--raw-uri", required=True, help="the raw dataset (dt=... partitions)")
-    p.add_argument("--staged-uri", required=True, help="the dataset the DAG commits generations to")
-    p.add_argument("--dates", required=True, help="FROM:TO (inclusive) or a comma-separated list")
-    p.add_argument("--cos-conn-id", default="cos_default")
-    p.add_argument("--ray-conn-id", default="ray_default")
-    p.add_argument("--mlflow-conn-id", default="mlflow_default")
-    p.add_argument("--airflow-url", required=True)
-    p.add_argument("--airflow-user", default="admin")
-    p.add_argument("--airflow-password", default=os.environ.get("AIRFLOW_AUDIT_PASSWORD"))
-    p.add_argument("--airflow-token", default=os.environ.get("AIRFLOW_AUDIT_TOKEN"))
-    p.add_argument("--logs", action="append", default=[], help="a folder of logs to search for secrets")
-    p.add_argument("--secret-conn", action="append", default=None,
-                   help="a connection whose secrets must appear in no log (default: cos, ray, mlflow)")  # fmt: skip
-    p.add_argument("--fault-log", help="the chaos run's fault log (JSON lines with a kind)")
-    p.add_argument("--idle-s", type=float, default=2 * 300.0,
-                   help="an uncommitted generation untouched this long is abandoned (writers renew every 300 s)")  # fmt: skip
-    p.add_argument("--warm-idle-s", type=float, default=600.0 + 30.0 + 60.0,
-                   help="the warm pools' idle timeout plus their lease timeout, and a margin")  # fmt: skip
-    p.add_argument("--json", help="also write the figures and findings here")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.secret_conn is None:
-        args.secret_conn = [args.cos_conn_id, args.ray_conn_id, args.mlflow_conn_id]
-    result = audit(args)
-    print(result["table"])
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    return int(result["exit_code"])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _b64(token: str) -> str:
+    """``token`` decoded as base64 text (URL-safe or standard), or empty when it is not."""
+    try:
+        return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return ""

@@ -1,15 +1,16 @@
-"""The audit's rules, as pure functions of what :mod:`bench.audit` read: no storage, MLflow, Ray or Airflow
-here, so every rule is tested on tiny data (``tests/unit/bench/test_audit_rules.py``).
+"""The audit's rules, as pure functions of what :mod:`emr_ray.audit.sources` read: no storage, MLflow, Ray
+or Airflow here, so every rule is tested on tiny data (``tests/unit/test_audit_rules.py``).
 
 Each rule returns :class:`Finding` s, each on one line of the table:
 
 - ``lost``: something a finished run should have left is missing or short (a date without a current
   generation, fewer rows than the raw partition, a model version naming a generation or a run that
-  does not exist, a run whose registration succeeded without a model version);
+  does not exist, a kept version whose generation lost a file or rows, a run whose registration
+  succeeded without a model version);
 - ``duplicated``: something is there twice (more rows than the raw partition, two model versions of
   one Airflow run or one MLflow run);
 - ``orphaned``: something runs or stays with nobody to own it (a Ray job RUNNING without a live
-  Airflow try, a warm pool alive long after the last job, a generation never committed whose
+  Airflow try or beside a later try of its task, a warm pool alive long after the last job, a generation never committed whose
   writer is gone);
 - ``misdecided``: the champion is not the version the promotion rule picks;
 - ``leaked``: a secret in a log.
@@ -133,6 +134,9 @@ class VersionState:
     :param run_matches: that run's ``data_uri``/``generation``/``airflow.run_id`` tags are the version's.
     :param value: the gate metric its run logged (None: none).
     :param comparison: the champion comparison its run recorded (``promotion.comparison_from_run``).
+    :param kept: the retention policy keeps its data (otherwise the data may have gone by design).
+    :param data_problem: why its generation is not whole (a file missing or short, rows that differ
+        from the manifest's), None when it is.
     """
 
     version: str
@@ -146,6 +150,8 @@ class VersionState:
     value: float | None = None
     partition: str | None = None
     comparison: Comparison | None = None
+    kept: bool = True
+    data_problem: str | None = None
 
     @property
     def number(self) -> int:
@@ -161,6 +167,8 @@ def check_versions(versions: Iterable[VersionState], registered_runs: Iterable[s
         name = f"v{v.version}"
         if not (v.data_uri and v.generation):
             out.append(Finding("lost", "model version", f"{name} has no data_uri/generation tags"))
+        elif not v.kept:
+            pass  # the retention policy let its data go: not a loss
         elif not v.generation_committed:
             out.append(
                 Finding(
@@ -168,6 +176,10 @@ def check_versions(versions: Iterable[VersionState], registered_runs: Iterable[s
                     "model version",
                     f"{name} names {v.generation} of {v.data_uri}, which is not committed",
                 )
+            )
+        elif v.data_problem:
+            out.append(
+                Finding("lost", "model version", f"{name}'s generation {v.generation}: {v.data_problem}")
             )
         if not v.run_found:
             out.append(
@@ -254,12 +266,14 @@ def _v(version: str | None) -> str:
 
 # -- the cluster ----------------------------------------------------------------------------------
 def check_jobs(jobs: Iterable[Mapping[str, Any]], tries: Mapping[tuple[str, str, str], str]) -> list[Finding]:
-    """No Ray job is PENDING or RUNNING for an Airflow try that is no longer alive.
+    """No Ray job is PENDING or RUNNING for an Airflow try that is no longer alive, nor for an earlier try
+    beside a later try's own job (a retry that reattached owns the earlier job: one job, no finding).
 
     :param jobs: the Jobs API's jobs (``submission_id``, ``status``, ``metadata``).
     :param tries: the state of each task instance, by ``(dag_id, run_id, task_id)``; a missing one is dead.
     """
     out = []
+    active: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
     for job in jobs:
         meta = job.get("metadata") or {}
         if job.get("status") not in ACTIVE_JOB_STATES or "airflow_task_id" not in meta:
@@ -269,6 +283,14 @@ def check_jobs(jobs: Iterable[Mapping[str, Any]], tries: Mapping[tuple[str, str,
         if state not in LIVE_TI_STATES:
             out.append(Finding("orphaned", "ray job", f"{job.get('submission_id')} is {job.get('status')} but "
                                f"{'.'.join(key)} try {meta.get('airflow_try_number')} is {state or 'gone'}"))  # fmt: skip
+            continue
+        text = str(meta.get("airflow_try_number") or "0")
+        active.setdefault(key, []).append((int(text) if text.isdigit() else 0, str(job.get("submission_id"))))
+    for key, found in sorted(active.items()):
+        latest = max(found)
+        for earlier, submission_id in sorted(found)[:-1]:
+            out.append(Finding("orphaned", "ray job", f"{submission_id} of try {earlier} of {'.'.join(key)} is "
+                               f"still active beside try {latest[0]}'s job {latest[1]}"))  # fmt: skip
     return out
 
 
