@@ -225,11 +225,10 @@ def _check_rows(
         with fsys.open_input_file(f"{partition_root}/{item['path']}") as f:
             held += pq.ParquetFile(f).metadata.num_rows
     if held != declared:
-        raise storage.StorageError(
+        raise storage.WriteConflictError(
             f"Output {output!r} of generation {generation} of {partition_uri} declares {declared} rows but "
             f"its {len(files)} file(s) hold {held}: files were removed or added while it was written "
-            "(another writer's housekeeping, or a second writer on this generation). Nothing was committed; "
-            "run the task again."
+            "(a second writer on this generation). Nothing was committed; the task's retry writes again."
         )
 
 
@@ -445,10 +444,9 @@ def _describe_files(
     if recorded is None:
         return [file_records.listed(f"{prefix}/{name}", found[name]) for name in sorted(found)]
     if problems := file_records.compare(output, recorded, found):
-        raise storage.StorageError(
+        raise storage.WriteConflictError(
             f"Generation {generation} of {partition_uri} is not what its writer wrote: {'; '.join(problems)} "
-            "(another writer's housekeeping, or a second writer on this generation). Nothing was committed; "
-            "run the task again."
+            "(a second writer on this generation). Nothing was committed; the task's retry writes again."
         )
     return sorted(({**r, "path": f"{prefix}/{r['path']}"} for r in recorded), key=lambda r: r["path"])
 

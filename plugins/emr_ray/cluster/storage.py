@@ -43,6 +43,16 @@ RENAMES_DIRECTORIES = ("file", "hdfs")
 class StorageError(ValueError):
     """A URI, partition or committed dataset is invalid; the message names it and the fix."""
 
+    #: whether running the task again can succeed (a job exits as failed, not as bad input)
+    retryable = False
+
+
+class WriteConflictError(StorageError):
+    """A write was disturbed while it ran (a second writer on its generation, files removed under it):
+    nothing was committed, and the task's retry writes again. A job fails retryably with it."""
+
+    retryable = True
+
 
 #: how COS (and S3 clients: pyarrow's, Hadoop's) say the credentials are refused: a retry cannot help
 _REFUSED = re.compile(

@@ -69,7 +69,8 @@ def main(
         spec = spec_type.from_dict(payload) if spec_type else payload
         result = run(spec)
     except INPUT_ERRORS as e:  # a missing package: named, with the fix (emr_ray.cluster.jobs._code)
-        _fail(explain_import_error(e), code=INPUT_ERROR_EXIT_CODE)
+        # a disturbed write (storage.WriteConflictError) says a retry can succeed: a failure, not bad input
+        _fail(explain_import_error(e), code=1 if getattr(e, "retryable", False) else INPUT_ERROR_EXIT_CODE)
     except Exception as e:
         traceback.print_exc(file=sys.stdout)
         refused = storage.refused_credentials(e)  # COS refusing the keys: no retry can fix it
