@@ -3,14 +3,16 @@
 :class:`RunRequest` adds up training (workers x resources per worker) and Spark (executors x cores
 and memory), plus the job drivers, and takes the larger phase per resource, since the Spark job
 stops Spark before training starts. :class:`emr_ray.operators.ray.RayConnectOperator` compares the
-result with the cluster's total and names every shortfall with its fix.
+result with the cluster's total, and each unit that runs in one process (a training worker, a Spark
+executor, a job driver) with each node (:meth:`RunRequest.unplaceable`): a worker that fits no single
+node waits forever however large the total. It names every shortfall with its fix.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +95,37 @@ class RunRequest:
     def peak(self) -> dict[str, float]:
         training, spark = self.training(), self.spark()
         return {k: max(training.get(k, 0.0), spark.get(k, 0.0)) for k in sorted({*training, *spark})}
+
+    def units(self) -> dict[str, dict[str, float]]:
+        """What must fit on one node, each with the fix when none can hold it."""
+        out: dict[str, dict[str, float]] = {}
+        if self.workers:
+            out["training worker"] = dict(self.per_worker)
+        if self.spark_executors:
+            executor = {"CPU": self.spark_executor_cores}
+            if self.spark_executor_memory:
+                executor["memory"] = self.spark_executor_memory
+            out["Spark executor"] = executor
+        if self.driver_cpus:
+            out["job driver"] = {"CPU": self.driver_cpus}
+        return {what: {k: v for k, v in needs.items() if v > 0} for what, needs in out.items()}
+
+    def unplaceable(self, nodes: Sequence[Mapping[str, float]]) -> list[str]:
+        """One line per unit (:meth:`units`) that no single node of ``nodes`` (each node's total
+        resources) can hold, whatever the cluster's total: Ray never splits a worker across nodes."""
+        fixes = {"training worker": "lower resources_per_worker", "Spark executor":
+                 "lower executor_cores or executor_memory", "job driver": "lower driver_cpus"}  # fmt: skip
+        lines = []
+        for what, needs in self.units().items():
+            if not needs or any(all(float(n.get(k, 0.0)) >= v for k, v in needs.items()) for n in nodes):
+                continue
+            largest = {k: max((float(n.get(k, 0.0)) for n in nodes), default=0.0) for k in needs}
+            lines.append(
+                f"a {what} needs {', '.join(_amount(k, v) for k, v in needs.items())} on one node; the "
+                f"{len(nodes)} node(s) have at most {', '.join(_amount(k, v) for k, v in largest.items())} "
+                f"each (not necessarily on the same node): add a node that size or {fixes[what]}"
+            )
+        return lines
 
     def explain(self, resource: str, have: float) -> str:
         """Why the run needs more of ``resource`` than the cluster's ``have``, and what to change."""

@@ -319,7 +319,7 @@ def pending_timeout_event(
 
 
 def summarize_cluster(nodes: Mapping[str, Any], status: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Total and free resources of the alive nodes, and the node list.
+    """Total and free resources of the alive nodes, and the node list (each with its total resources).
 
     ``nodes`` is the answer of ``GET /nodes?view=summary``; ``status`` that of
     ``GET /api/cluster_status?format=0`` (its ``usage`` says what is in use). Free resources are
@@ -333,9 +333,11 @@ def summarize_cluster(nodes: Mapping[str, Any], status: Mapping[str, Any] | None
         raylet = node.get("raylet", {})
         if raylet.get("state") != "ALIVE":
             continue
-        node_list.append(
-            {"node_id": raylet.get("nodeId"), "ip": raylet.get("nodeManagerAddress") or node.get("ip")}
-        )
+        node_list.append({
+            "node_id": raylet.get("nodeId"),
+            "ip": raylet.get("nodeManagerAddress") or node.get("ip"),
+            "resources": {k: float(v) for k, v in (raylet.get("resourcesTotal") or {}).items()},
+        })  # fmt: skip
         for key, value in (raylet.get("resourcesTotal") or {}).items():
             total[key] = total.get(key, 0.0) + float(value)
         if raylet.get("resourcesAvailable"):

@@ -34,7 +34,9 @@ class RayConnectOperator(BaseOperator):
     ``spark_executor_cores`` and ``spark_executor_memory`` of the Spark task, and ``driver_cpus``
     (their ``entrypoint_num_cpus``). Spark is stopped before training starts, so each resource is
     checked against the larger of the two phases, not their sum (:class:`RunRequest`). The cluster's
-    total is what counts: resources that other jobs hold now are free again later.
+    total is what counts: resources that other jobs hold now are free again later. Each training
+    worker, Spark executor and job driver must also fit on one node (Ray never splits one across
+    nodes): four 4-CPU workers on four 3-CPU nodes pass the total and would wait forever.
 
     :param ray_conn_id: the ``ray`` connection.
     :param min_ray_version: lowest acceptable Ray version, e.g. ``"2.50"`` (templated).
@@ -149,6 +151,9 @@ class RayConnectOperator(BaseOperator):
             self.log.info("This run asks for at most %s (training %s, Spark %s)", request.peak(),
                           request.training(), request.spark())  # fmt: skip
         short = self.shortfalls(request, total)
+        sizes = [n["resources"] for n in resources["nodes"] if n.get("resources")]
+        if sizes:
+            short += request.unplaceable(sizes)
         if short:
             raise RayClusterUnfitError(
                 f"Ray cluster at {self.hook.dashboard_url} is too small for this run; no retry can fix "

@@ -132,7 +132,7 @@ def test_cluster_totals_count_alive_nodes_and_free_comes_from_usage():
     summary = summarize_cluster(NODES, STATUS)
     assert summary["total"] == {"CPU": 2.0, "memory": 8 * 1024**3}
     assert summary["available"] == {"CPU": 0.5, "memory": 8 * 1024**3}
-    assert summary["nodes"] == [{"node_id": "a", "ip": "127.0.0.1"}]
+    assert summary["nodes"] == [{"node_id": "a", "ip": "127.0.0.1", "resources": summary["total"]}]
     assert summarize_cluster(NODES, None)["available"] is None  # unknown, not "all free"
 
 

@@ -101,3 +101,20 @@ def test_the_fixed_requirements_still_work_beside_the_computed_request():
         "memory: need 2 GiB, cluster has 1 GiB in total",
     ]
     assert check(workers=2, required_cpus=2).shortfalls(check(workers=2).run_request(), {"CPU": 2.0}) == []
+
+
+def test_a_worker_that_fits_no_single_node_is_refused_though_the_total_suffices():
+    """Four 4-CPU workers on four 3-CPU nodes: 16 of 12 CPUs fails the total; on six such nodes (18 CPUs)
+    the total passes, and Ray would still never place one worker: that is what the node check catches."""
+    request = RunRequest(workers=4, resources_per_worker={"CPU": 4}, spark_executors=2,
+                         spark_executor_cores=2, spark_executor_memory=6 * GIB)  # fmt: skip
+    nodes = [{"CPU": 3.0, "memory": 4 * GIB}] * 6
+    assert check().shortfalls(request, {"CPU": 18.0, "memory": 24 * GIB}) == []
+    assert request.unplaceable(nodes) == [
+        "a training worker needs 4 CPU on one node; the 6 node(s) have at most 3 CPU each (not necessarily "
+        "on the same node): add a node that size or lower resources_per_worker",
+        "a Spark executor needs 2 CPU, 6 GiB memory on one node; the 6 node(s) have at most 3 CPU, 4 GiB "
+        "memory each (not necessarily on the same node): add a node that size or lower executor_cores or "
+        "executor_memory",
+    ]
+    assert request.unplaceable([*nodes, {"CPU": 4.0, "memory": 8 * GIB}]) == []  # one big node will do
