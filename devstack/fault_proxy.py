@@ -7,7 +7,11 @@ Tests point a connection at the proxy and switch faults on and off while real wo
   connections are dropped without an answer;
 - ``reset``: accept and reset the connection (TCP RST) without an answer;
 - ``status``: answer every request with an HTTP error (``502`` or ``503``, ...) without forwarding;
-- ``delay``: wait ``delay`` seconds, then forward (client timeouts).
+- ``delay``: wait ``delay`` seconds, then forward (client timeouts);
+- ``truncate``: forward, then send only the first half of a GET answer's body, with a
+  ``Content-Length`` that matches the cut (a short read the client cannot tell from a whole one).
+
+``times`` ends a fault after that many requests met it (then ``pass``): a fault a retry gets past.
 
 The mode is read per request, so a client's pooled keep-alive connection sees a switch at once.
 It is not a fake of the upstream: every answer in ``pass`` and ``delay`` mode is the upstream's own.
@@ -33,7 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 LOOPBACK = "127.0.0.1"
-MODES = ("pass", "refuse", "reset", "status", "delay")
+MODES = ("pass", "refuse", "reset", "status", "delay", "truncate")
 _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
     "transfer-encoding", "upgrade", "content-length", "host",
@@ -61,7 +65,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         proxy = self.server.proxy
-        mode, status, delay = proxy.current()
+        mode, status, delay = proxy.take(self.command)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         if mode in ("refuse", "reset"):
@@ -79,9 +83,9 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "delay":
             proxy.count("delay")
             time.sleep(delay)
-        self._forward(proxy, body)
+        self._forward(proxy, body, truncate=mode == "truncate" and self.command == "GET")
 
-    def _forward(self, proxy: FaultProxy, body: bytes) -> None:
+    def _forward(self, proxy: FaultProxy, body: bytes, *, truncate: bool = False) -> None:
         upstream = http.client.HTTPConnection(
             proxy.upstream_host, proxy.upstream_port, timeout=proxy.upstream_timeout
         )
@@ -101,8 +105,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         finally:
             upstream.close()
-        proxy.count("passed")
         kept = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
+        if truncate and data:
+            proxy.count("truncate")
+            data = data[: len(data) // 2]
+            kept = [(k, v) for k, v in kept if k.lower() != "content-range"]  # no range to contradict the cut
+        else:
+            proxy.count("passed")
         # a HEAD answer has no body but the size of the GET's (S3 clients read an object's size there)
         length = response.getheader("Content-Length") if self.command == "HEAD" else None
         self._answer(response.status, kept, data, length=length)
@@ -141,6 +150,7 @@ class FaultProxy:
         self.keep_host = keep_host
         self.port = port
         self._mode, self._status, self._delay = "pass", 503, 0.0
+        self._left: int | None = None  # requests the fault still meets (None: until switched)
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._server: _Server | None = None
@@ -168,6 +178,18 @@ class FaultProxy:
         with self._lock:
             return self._mode, self._status, self._delay
 
+    def take(self, method: str) -> tuple[str, int, float]:
+        """The fault for one request, counting it against ``times`` when it meets it (``truncate``
+        meets only GETs)."""
+        with self._lock:
+            fault = self._mode, self._status, self._delay
+            meets = self._mode != "pass" and (self._mode != "truncate" or method == "GET")
+            if self._left is not None and meets:
+                self._left -= 1
+                if self._left <= 0:
+                    self._mode, self._left = "pass", None
+            return fault
+
     def start(self) -> FaultProxy:
         self._listen()
         return self
@@ -181,14 +203,17 @@ class FaultProxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def set(self, mode: str, *, status: int = 503, delay: float = 0.0) -> None:
-        """Switch to ``mode`` (see the module docstring); takes effect for the next request."""
+    def set(self, mode: str, *, status: int = 503, delay: float = 0.0, times: int | None = None) -> None:
+        """Switch to ``mode`` (see the module docstring); takes effect for the next request, and with
+        ``times`` ends after that many requests."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES)}.")
         if mode == "status" and not 400 <= status <= 599:
             raise ValueError(f"status {status}: inject an HTTP error, 400 to 599.")
+        if times is not None and (times < 1 or mode == "refuse"):
+            raise ValueError(f"times={times}: a positive count, for a fault that answers requests.")
         with self._lock:
-            self._mode, self._status, self._delay = mode, status, delay
+            self._mode, self._status, self._delay, self._left = mode, status, delay, times
         if mode == "refuse":
             self._close()
         elif self._server is None:

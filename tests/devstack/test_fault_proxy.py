@@ -137,10 +137,22 @@ def test_delay_holds_the_answer_long_enough_for_a_client_timeout(proxy):
     assert is_transient(timed_out.value)
 
 
+def test_truncate_cuts_a_get_answer_in_half_for_as_many_requests_as_asked(proxy):
+    """A short answer with a matching Content-Length: the client cannot tell it from a whole one."""
+    proxy.set("truncate", times=1)
+    cut = httpx.get(f"{proxy.url}/obj", timeout=5)
+    whole = httpx.get(f"{proxy.url}/obj", timeout=5)  # the fault met its one request
+    assert cut.status_code == 200 and whole.json()["path"] == "/obj"
+    assert cut.content == whole.content[: len(whole.content) // 2]
+    assert proxy.counts() == {"truncate": 1, "passed": 1} and proxy.mode == "pass"
+
+
 def test_bad_settings_are_refused(upstream):
     with pytest.raises(ValueError, match="use one of pass, refuse"):
         FaultProxy(upstream).set("explode")
     with pytest.raises(ValueError, match="inject an HTTP error"):
         FaultProxy(upstream).set("status", status=200)
+    with pytest.raises(ValueError, match="a positive count"):
+        FaultProxy(upstream).set("truncate", times=0)
     with pytest.raises(ValueError, match="plain http://host:port"):
         FaultProxy("https://example.org")

@@ -159,6 +159,23 @@ def test_download_checks_multipart_md5(hook, cos_conn, cos_prefix, tree, tmp_pat
     assert not list(dest.rglob("*big.bin*"))
 
 
+def test_a_download_cut_short_on_the_wire_is_downloaded_again(cos_server, cos_prefix, tmp_path, monkeypatch):
+    """The fault proxy in front of the COS stand-in sends half of one answer with a matching
+    Content-Length (the SDK takes it as whole); the size check catches it and the download is retried."""
+    from devstack.fault_proxy import FaultProxy
+    from tests.fixtures.cos import cos_connection_json
+
+    data = os.urandom(300_000)
+    with FaultProxy(cos_server.endpoint, keep_host=True) as proxy:
+        monkeypatch.setenv("AIRFLOW_CONN_COS_PROXIED", cos_connection_json(proxy.url))
+        proxied = COSHook("cos_proxied")
+        proxied.upload_bytes(data, f"{cos_prefix}obj.bin")
+        proxy.set("truncate", times=1)
+        path = proxied.download_file(f"{cos_prefix}obj.bin", str(tmp_path / "obj.bin"))
+        assert open(path, "rb").read() == data
+        assert proxy.counts()["truncate"] == 1
+
+
 def test_errors(hook, cos_conn, cos_prefix, tmp_path):
     with pytest.raises(COSError, match="holds no objects"):
         COSToLocalOperator(task_id="d", local_path=str(tmp_path), cos_prefix=f"{cos_prefix}none/").execute({})

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 MB = 1024 * 1024
 
+#: downloads of one object before a short or garbled read fails the call (the file is checked each time)
+DOWNLOAD_ATTEMPTS = 3
+
 
 def upload_bytes(
     hook: COSHook,
@@ -136,20 +139,28 @@ def download_file(
     bucket, key = hook.resolve(key, bucket_name)
     path = os.fspath(local_path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    hook._call(
-        "download",
-        hook.conn.download_file,
-        bucket=bucket,
-        key=key,
-        Bucket=bucket,
-        Key=key,
-        DestFilePath=path,
-        PartSize=part_size_mb,
-        MAXThread=max_threads,
-        progress_callback=ProgressLogger(hook.log, f"download of {where(bucket, key)}"),
-    )
-    check_download(path, hook.head_object(key, bucket) or {}, where(bucket, key))
-    return path
+    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        hook._call(
+            "download",
+            hook.conn.download_file,
+            bucket=bucket,
+            key=key,
+            Bucket=bucket,
+            Key=key,
+            DestFilePath=path,
+            PartSize=part_size_mb,
+            MAXThread=max_threads,
+            progress_callback=ProgressLogger(hook.log, f"download of {where(bucket, key)}"),
+        )
+        try:
+            check_download(path, hook.head_object(key, bucket) or {}, where(bucket, key))
+            return path
+        except COSError as e:  # a short or garbled read: the object itself may be whole
+            if attempt == DOWNLOAD_ATTEMPTS:
+                raise
+            hook.log.warning("%s (attempt %d of %d); downloading it again", e, attempt, DOWNLOAD_ATTEMPTS)
+            os.remove(path)
+    raise AssertionError("unreachable")
 
 
 def meta_headers(metadata: dict[str, str] | None) -> dict[str, str]:
