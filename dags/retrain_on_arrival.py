@@ -15,6 +15,7 @@ demo bucket), and the ``cos`` connection ``EMR_RAY_WATCH_CONN_ID`` (default ``co
 
 from __future__ import annotations
 
+import logging
 import os
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
@@ -24,6 +25,9 @@ from emr_ray.params import ARRIVAL_CONF_VARIABLE, arrival_conf, history_start, t
 from emr_ray.triggers.cos import COSKeyTrigger
 
 RAW_URI = os.environ.get("EMR_RAY_RAW_URI", "cos://emr-ray-demo-1250000000/raw").rstrip("/")
+WATCH_CONN_ID = os.environ.get("EMR_RAY_WATCH_CONN_ID", "cos_default")
+#: the model retrain_tabular registers
+MODEL = "tabular-mlp"
 
 raw_partitions = Asset(
     name="emr_ray_raw_partitions",
@@ -34,7 +38,7 @@ raw_partitions = Asset(
             trigger=COSKeyTrigger(
                 bucket_keys=[f"{RAW_URI}/dt=*/_SUCCESS"],
                 wildcard_match=True,
-                cos_conn_id=os.environ.get("EMR_RAY_WATCH_CONN_ID", "cos_default"),
+                cos_conn_id=WATCH_CONN_ID,
                 poke_interval=float(os.environ.get("EMR_RAY_WATCH_INTERVAL", "60")),
             ),
         )
@@ -55,9 +59,12 @@ with DAG(
     @task
     def landed_partitions(triggering_asset_events=None) -> list[dict]:
         """The conf of a run for each partition of the asset events behind this run (several may
-        have landed at once): its partition and the ``emr_ray_arrival_conf`` Variable's Params."""
+        have landed at once): its partition and the ``emr_ray_arrival_conf`` Variable's Params; none
+        for a partition already trained on with the same raw listing."""
         from airflow.sdk import Variable
         from airflow.sdk.exceptions import AirflowFailException
+
+        from emr_ray.arrivals import unprocessed
 
         dates = {
             (event.extra or {}).get("payload", {}).get("partition")
@@ -66,9 +73,11 @@ with DAG(
         }
         variable = Variable.get(ARRIVAL_CONF_VARIABLE, default=None)
         try:
-            return [arrival_conf(day, variable) for day in sorted(d for d in dates if d)]
+            confs = [arrival_conf(day, variable) for day in sorted(d for d in dates if d)]
         except ValueError as e:  # a retry reads the same Variable
             raise AirflowFailException(str(e)) from e
+        return unprocessed(confs, RAW_URI, MODEL, cos_conn_id=WATCH_CONN_ID, mlflow_conn_id="mlflow_default",
+                           log=logging.getLogger("airflow.task"))  # fmt: skip
 
     TriggerDagRunOperator.partial(
         task_id="retrain",

@@ -12,7 +12,10 @@ audited months later without the Airflow run that made it:
 - ``receipt.code_version``: the provider's cluster side as the job ran it
   (:func:`emr_ray.cluster.reuse.code_version`); ``receipt.versions``: Python, Ray, Spark, torch...;
 - ``receipt.inputs``: the training's input fingerprint (each input's generation and the digest of its
-  files' checksums), the one its checkpoints carry.
+  files' checksums), the one its checkpoints carry;
+- ``receipt.raw_input``: the raw partition's identity the preprocessing read (its listing's names,
+  sizes, ETags and times), by which a duplicate arrival of the same data is recognised
+  (:mod:`emr_ray.arrivals`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def tags(results: Mapping[str, Any], prices: Mapping[str, Any] | None = None) ->
             out[PREFIX + "versions"] = " ".join(f"{k}={v}" for k, v in sorted(result["versions"].items()))
         if result.get("inputs_fingerprint"):
             out[PREFIX + "inputs"] = str(result["inputs_fingerprint"])
+        if result.get("raw_input"):
+            out[PREFIX + "raw_input"] = str(result["raw_input"])
     return out
 
 

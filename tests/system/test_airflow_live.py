@@ -62,6 +62,7 @@ def test_manual_run_with_parameters_registers_a_challenger_only(api, manual_run,
     assert {"preprocess", "train"} <= set(tasks) and float(weak.tags["receipt.cpu_seconds"]) > 0
     assert weak.tags["receipt.code_version"] and "ray=" in weak.tags["receipt.versions"]
     assert len(weak.tags["receipt.inputs"]) >= 16 and "receipt.cost" not in weak.tags  # no price table set
+    assert "files, " in weak.tags["receipt.raw_input"] and "listing " in weak.tags["receipt.raw_input"]
     run_data = client.get_run(weak.run_id).data
     assert run_data.params["epochs"] == "1" and run_data.params["lr"] == "1e-05"
     champion = client.get_model_version_by_alias("tabular-mlp", "champion")

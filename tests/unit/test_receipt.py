@@ -11,6 +11,7 @@ from emr_ray import receipt
 
 PREPROCESS = {
     "generation": "g1",
+    "raw_input": "3 files, 81,234 bytes, _SUCCESS of 2026-12-04T10:00:00+00:00, listing 1a2b3c4d5e6f",
     "code_version": "0.9.0+aaaa",
     "versions": {"python": "3.11.7", "pyspark": "3.5.5"},
     "usage": {"wall_seconds": 20.0, "cpu_seconds_reserved": 30.0, "gpu_seconds_reserved": 0.0,
@@ -34,6 +35,7 @@ def test_the_receipt_sums_each_tasks_seconds_with_its_share_of_idle_pools_and_na
     assert tasks["preprocess"]["pool_idle_cpu_seconds"] == 60.0
     assert tags["receipt.cpu_seconds"] == "170.0" and tags["receipt.gpu_seconds"] == "36.0"
     assert tags["receipt.code_version"] == "0.9.0+aaaa" and tags["receipt.inputs"] == "f" * 16
+    assert tags["receipt.raw_input"] == PREPROCESS["raw_input"]  # what a duplicate arrival is matched on
     assert "ray=2.60.0" in tags["receipt.versions"] and "torch=2.13.0" in tags["receipt.versions"]
     assert "receipt.cost" not in tags  # no price table, no money
 

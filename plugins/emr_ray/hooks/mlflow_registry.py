@@ -232,6 +232,33 @@ class MLflowRegistryMixin:
             with self.credentials():
                 self.client.set_tag(run_id, REGISTERED_MODELS_TAG, value)
 
+    def versions_of_partition(self: _Host, name: str, partition: str) -> list[ModelVersion]:
+        """
+        The versions of ``name`` whose ``partition`` tag is ``partition``, all pages; none when the model
+        does not exist.
+
+        :param name: registered model name.
+        :param partition: the partition (``YYYY-MM-DD``) a run processed.
+        """
+        from mlflow.exceptions import MlflowException
+
+        found: list[ModelVersion] = []
+        token = None
+        with self.credentials():
+            while True:
+                try:
+                    page = self.client.search_model_versions(
+                        f"name = '{name}' and tags.partition = '{partition}'", page_token=token
+                    )
+                except MlflowException as e:
+                    if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                        return []
+                    raise
+                found += list(page)
+                token = page.token
+                if not token:
+                    return found
+
     def get_model_version(self: _Host, name: str, version: str | int) -> ModelVersion:
         """
         Model version ``version`` of ``name``.

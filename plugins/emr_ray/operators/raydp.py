@@ -167,6 +167,31 @@ class RayDPSparkOperator(RayJobOperator):
                              "generation %s of %s (%s)", result["generation"], uri, e)  # fmt: skip
             return None
 
+    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The job's result, with ``raw_input``: the raw partition's identity its job was submitted for
+        (its metadata, so a reattached try reports what that job read). The model version records it
+        (:mod:`emr_ray.receipt`); a duplicate arrival of the same listing then runs nothing
+        (:mod:`emr_ray.arrivals`)."""
+        result = super()._finish(event)
+        if isinstance(result, dict) and "raw_input" not in result:
+            result["raw_input"] = self._raw_input(event["submission_id"])
+        return result
+
+    def _raw_input(self, submission_id: str) -> str | None:
+        import json
+
+        from emr_ray.cluster.reuse import EXTERNAL_KEY, UNREADABLE
+
+        try:
+            recorded = json.loads(
+                ((self.hook.get_job(submission_id) or {}).get("metadata") or {}).get(EXTERNAL_KEY) or "{}"
+            )
+        except Exception as e:  # a record, not a condition of the result
+            self.log.warning("The raw partition's identity of job %s is unknown (%s)", submission_id, e)
+            return None
+        known = [str(v) for v in recorded.values() if not str(v).startswith(UNREADABLE)]
+        return known[0] if len(known) == 1 else None
+
     def external_inputs(self, spec: Mapping[str, Any]) -> dict[str, str]:
         """The raw partition's identity (:func:`emr_ray.hooks.input_identity.partition_identity`: its
         files' names, sizes, ETags and times, from one listing): a partition landed again under the
