@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from devstack.constants import BUCKET, REGION, SECRET_ID, SECRET_KEY
+from devstack.fault_proxy import FaultProxy
 from devstack.ports import free_port
 from emr_ray.audit import sources
 from emr_ray.audit.rules import check_versions
@@ -161,19 +162,25 @@ def test_a_champion_no_list_names_keeps_its_data_through_a_rename_and_the_rest_g
     )
 
 
-def test_mlflow_down_removes_no_committed_data_and_says_why(tmp_path, monkeypatch):
-    """MLflow unreachable: the pass removes only what needs no registry, and the report says why."""
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_MLFLOW_DEFAULT", f'{{"conn_type": "mlflow", "host": "http://127.0.0.1:{free_port()}"}}'
-    )
+@pytest.mark.parametrize("fault", ["down", "slow"])
+def test_mlflow_down_or_too_slow_removes_no_committed_data_and_says_why(
+    fault, mlflow_server, tmp_path, monkeypatch
+):
+    """MLflow unreachable, or answering after 9 s through the fault proxy (past the client's timeout):
+    the pass removes only what needs no registry, and the report says why."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     dataset = f"file://{tmp_path}/staging/tabular"
     partition = f"{dataset}/dt=2026-11-02"
     made = reruns(partition, 3)
     train_pin(partition, made[0], "a-run-mlflow-cannot-answer-for")
     age_pins(partition, 30)
 
-    report = housekeep([dataset], cos_conn_id=None, policy=STRICT, dry_run=False)
+    with FaultProxy(mlflow_server.tracking_uri) as proxy:
+        url = f"http://127.0.0.1:{free_port()}" if fault == "down" else proxy.url
+        proxy.set("delay", delay=9.0)
+        monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", f'{{"conn_type": "mlflow", "host": "{url}"}}')
+        report = housekeep([dataset], cos_conn_id=None, policy=STRICT, dry_run=False)
     assert report.planned == [] and report.as_xcom()["removed"] == 0
     assert report.problems and report.problems[0].startswith("the registry could not be listed (")
     assert [rows_of(partitions.pinned(partition, c.generation), None) for c in made] == [
