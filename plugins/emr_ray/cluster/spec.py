@@ -148,9 +148,6 @@ class SparkJobSpec(SpecPart):
     spark: SparkSettings
     config: dict[str, Any] = field(default_factory=dict)
     validate_only: bool = False
-    keep_generations: int = 3
-    #: seconds a superseded generation stays at least (emr_ray.cluster.retention)
-    retain_generations_s: float = 7 * 86400
     identity: dict[str, str] = field(default_factory=dict)
     storage: StorageSection = field(default_factory=StorageSection)
     #: whose warm pools the job may use: a digest of its connections (pools are single-tenant)
@@ -158,9 +155,6 @@ class SparkJobSpec(SpecPart):
 
     def __post_init__(self) -> None:
         storage.validate_partition(self.partition)
-        _require(self.keep_generations >= 1, f"keep_generations={self.keep_generations}: keep at least 1.")
-        _require(self.retain_generations_s >= 0,
-                 f"retain_generations={self.retain_generations_s}: a retention period cannot be negative.")  # fmt: skip
         _check_import_path("preprocess", self.preprocess)
         for uri in (self.input_uri, self.output_uri):
             storage.split_uri(uri)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -11,7 +12,7 @@ from emr_ray.cluster import storage
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
-from emr_ray.templating import as_bool, as_seconds
+from emr_ray.templating import as_bool
 
 
 class RayDPSparkOperator(RayJobOperator):
@@ -54,10 +55,10 @@ class RayDPSparkOperator(RayJobOperator):
         and released earlier when a job needs its CPUs), which saves a partition Spark's start-up,
         about 18 s here (:mod:`emr_ray.cluster.jobs.spark_session`; templated).
     :param spark_idle_timeout: seconds a shared session waits unused before it stops (templated).
-    :param keep_generations: committed generations always kept per partition, whatever their age.
-    :param retain_generations: how long a superseded generation stays at least (timedelta or seconds;
-        default 7 days); one that a model version or a pin names stays whatever its age
-        (:mod:`emr_ray.cluster.retention`; the ``partition_housekeeping`` DAG releases what none needs).
+    :param keep_generations: deprecated, no effect: after its commit the job removes only abandoned
+        writers' files; committed generations go only through the housekeeping, which asks the model
+        registry (``PartitionHousekeepingOperator``'s ``keep`` and ``retention``).
+    :param retain_generations: deprecated, no effect (as ``keep_generations``).
     :param validate_only: a quick dry run: check that the input partition is committed, matches the
         declared schema and count its rows from the Parquet footers; no Spark, nothing written
         (templated: ``"{{ params.dry_run }}"``).
@@ -98,8 +99,14 @@ class RayDPSparkOperator(RayJobOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.keep_generations = keep_generations
-        self.retain_generations = retain_generations
+        if keep_generations != 3 or retain_generations != timedelta(days=7):
+            warnings.warn(
+                "RayDPSparkOperator's keep_generations and retain_generations have no effect: committed "
+                "generations go only through the housekeeping, which asks the model registry; set keep and "
+                "retention on PartitionHousekeepingOperator instead.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self.preprocess = preprocess
         self.input_uri = input_uri
         self.output_uri = output_uri
@@ -126,8 +133,6 @@ class RayDPSparkOperator(RayJobOperator):
             output_uri=storage.join(self.output_uri, f"dt={partition}"),
             config=self.config,
             validate_only=as_bool(self.validate_only),
-            keep_generations=int(self.keep_generations),
-            retain_generations_s=as_seconds(self.retain_generations),
             spark=SparkSettings(
                 app_name=self.app_name or f"{identity.dag_id}-{identity.task_id}",
                 num_executors=int(self.num_executors),

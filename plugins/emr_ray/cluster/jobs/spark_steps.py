@@ -295,8 +295,7 @@ def preprocess_partition(
         except partitions.CommitStateUnknown:
             unknown = True  # perhaps current: its files stay
             raise
-        policy = retention.Policy(keep=spec.keep_generations, retain_s=spec.retain_generations_s)
-        retention.tidy(output_uri, options, policy)
+        retention.tidy(output_uri, options)  # abandoned writers' files only: the sweep asks the registry
         lap("commit")
     finally:
         lease.close()
