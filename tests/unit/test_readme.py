@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from emr_ray.hooks.ray import RayHook
+from tests.unit.run_contexts import KINDS
 
 REPO = Path(__file__).parents[2]
 README_PATH = REPO / "README.md"
@@ -237,10 +238,23 @@ def test_the_first_dag_builds_as_written():
     for upstream, downstream in pairwise(order):
         assert dag.get_task(downstream).upstream_task_ids == {upstream}
 
+    # triggered by hand without a logical date (no {{ ds }}): every task reads the same, completed day
+    for kind in KINDS:
+        sensor, preprocess = dag.get_task("wait_for_partition"), dag.get_task("preprocess")
+        context = kind.context() | {"params": {**dag.params, "partition": kind.partition_param}}
+        key = sensor.render_template(sensor.bucket_key, context)
+        assert key.endswith(f"/raw/dt={kind.partition}/_SUCCESS"), (kind.name, key)
+        assert preprocess.render_template(preprocess.partition, context) == kind.partition, kind.name
+    check, train = dag.get_task("check_cluster"), dag.get_task("train")
+    assert check.workers == train.num_workers  # the scaling is stated once
+
 
 def test_the_readme_is_a_guide_not_a_log():
     lines = len(README.splitlines())
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines: move a deep topic to docs/"
+    prose = CODE_SPAN.sub("", without_fences(README))
+    dated = re.findall(r"[^\n]{0,40}\b20\d\d-\d\d-\d\d\b[^\n]{0,20}", prose)
+    assert dated == [], "current figures carry no dates (history lives in bench/results/SUMMARY.md)"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
@@ -260,3 +274,26 @@ def test_the_checks_catch_what_is_gone():
     assert link_problem(README_PATH, "#how-it-is-built") is None
     assert link_problem(README_PATH, "#no-such-heading") == "link to a missing heading #no-such-heading"
     assert "unit" in makefile_targets() and "sure" not in makefile_targets()
+
+
+def docstrings(source: Path) -> list[str]:
+    """The module's, its classes' and its functions' docstrings."""
+    tree = ast.parse(source.read_text())
+    nodes = [
+        tree,
+        *(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)),
+    ]
+    return [text for node in nodes if (text := ast.get_docstring(node))]
+
+
+def test_every_module_path_a_docstring_names_exists():
+    """As the pages: a docstring's ``python -m emr_ray.x`` or ``emr_ray.x.y`` is checked, so a moved
+    module cannot leave a stale command behind in the package (``emr_ray.cluster.housekeeping`` did)."""
+    problems = []
+    for source in sorted((REPO / "plugins").rglob("*.py")):
+        for text in docstrings(source):
+            for match in DOTTED.finditer(text):
+                dotted = match.group(1).rstrip(".") + (f".{match.group(2)}" if match.group(2) else "")
+                if (problem := dotted_problem(dotted)) and "too deep" not in problem:
+                    problems.append(f"{source.relative_to(REPO)}: {problem}")
+    assert problems == []

@@ -1,8 +1,8 @@
 """RayJobTrigger: wait for a Ray job in the triggerer, with async HTTP only.
 
 Yields one terminal event with the same reading the poking path uses
-(:func:`emr_ray.hooks.ray.next_step`, :func:`~emr_ray.hooks.ray.interpret_job`,
-:func:`~emr_ray.hooks.ray.pending_timeout_event`). Jobs API hiccups are retried with the hook's
+(:func:`emr_ray.hooks.ray_wait.next_step`, :func:`~emr_ray.hooks.ray_wait.interpret_job`,
+:func:`~emr_ray.hooks.ray_wait.pending_timeout_event`). Jobs API hiccups are retried with the hook's
 shared backoff for ``monitor_retry_seconds``; when that budget runs out the event says so and the job
 is left running. It knows the task's deadline: when ``execution_timeout`` runs out while the task is
 deferred, the trigger stops the job itself, so no job is orphaned; and the pending deadline: a job

@@ -69,7 +69,7 @@ def pool_runtime_env(job_runtime_env: Mapping[str, Any]) -> dict[str, Any]:
 def code_identity(import_paths: Iterable[str]) -> str:
     """What a pool's processes import, as this cluster has it: the provider's cluster side and every
     ``.py`` file of the top-level packages the job's code lives in (``include`` for
-    ``include.preprocessing.tabular:preprocess``). Part of every pool's key, so a module fixed and
+    ``include.preprocessing.tabular:standardize``). Part of every pool's key, so a module fixed and
     deployed in place gets a new pool at the next job: a busy pool (a backfill never lets it idle)
     never keeps running the old code."""
     import importlib.util
