@@ -182,6 +182,7 @@ def _ray_processes_in_this_namespace() -> list[int]:
             continue
         if (
             "/site-packages/ray/" in cmdline
+            or " -m ray." in cmdline  # Ray's servers run as modules: ray.util.client.server outlived the head
             or cmdline.startswith(("ray::", "ray-dashboard-"))
             or "raydp" in cmdline
         ):
