@@ -183,6 +183,8 @@ def test_the_page_renders_with_mlflow_down(airflow_app):
         f"{URL_PREFIX}/dags/{DAG_ID}", params={"decision": "promoted"}
     )
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/html")
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "default-src 'none'" in answer.headers["content-security-policy"]  # no script runs in the page
     assert "Serving now:" in answer.text and "MLflow unavailable" in answer.text
     assert "1 partition-runs, page 1 of 1" in answer.text and answer.text.count("<svg") == 3
 

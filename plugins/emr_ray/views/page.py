@@ -53,8 +53,24 @@ def _seconds(value: float | None) -> str:
 
 def _link(url: str, label: str) -> str:
     """A link that opens in the frame: Airflow's frame allows no popups (``target="_blank"`` would do
-    nothing) and no navigation of the page around it."""
+    nothing) and no navigation of the page around it. Only ``http(s)`` links: a stored link is an
+    XCom anyone with a task can write, and a ``javascript:`` one would run on Airflow's origin, so
+    any other scheme shows as text."""
+    if not safe_url(url):
+        return f'{escape(label)} <span class="note">({escape(url)})</span>'
     return f'<a href="{escape(url)}" rel="noopener noreferrer">{escape(label)}</a>'
+
+
+def safe_url(url: str) -> bool:
+    """An ``http(s)`` address with a host (whatever its case and leading blanks), nothing else."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    return (
+        parts.scheme.lower() in ("http", "https")
+        and bool(parts.netloc)
+        and not any(c in url for c in "\r\n\t")
+    )
 
 
 def serving_html(serving: Serving) -> str:

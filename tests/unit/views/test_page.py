@@ -90,6 +90,21 @@ def test_links_open_in_the_frame_which_allows_no_popups():
     assert 'href="http://mlflow/#/models/tabular-mlp/versions/3"' in html and "target=" not in html
 
 
+def test_a_stored_link_that_is_not_http_renders_as_text():
+    """An extra link is an XCom any task can write: ``javascript:`` would run on Airflow's origin."""
+    for url in (
+        "javascript:alert(document.cookie)",
+        " JavaScript:alert(1)",
+        "data:text/html,<b>x</b>",
+        "//x",
+    ):
+        html = page._link(url, "Ray job (train)")
+        assert "<a" not in html and "href" not in html and html.startswith("Ray job (train) ")
+    good = "https://mlflow.example/#/models/m/versions/3"
+    assert page._link(good, "v3") == f'<a href="{good}" rel="noopener noreferrer">v3</a>'
+    assert not page.safe_url("https://x\n.example")
+
+
 def test_the_nav_page_links_each_readable_dag_to_its_view_in_the_same_frame():
     html = page.index_html(["retrain_tabular"], "/emr-ray/retraining/dags/{dag_id}")
     assert '<a href="/emr-ray/retraining/dags/retrain_tabular">retrain_tabular</a>' in html
