@@ -76,6 +76,24 @@ def _seconds(value: float | timedelta | str | None) -> float | None:
     return seconds if seconds > 0 else None
 
 
+def connection_identity(conn_id: str | None) -> dict[str, Any]:
+    """What a connection points at, without its secrets: its id, host, port, schema, login and the
+    extras whose names do not look secret (:func:`emr_ray.cluster.reuse.secret_looking`)."""
+    if not conn_id:
+        return {}
+    from airflow.sdk import BaseHook
+
+    from emr_ray.cluster.reuse import secret_looking
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # not defined here (a test, a connection only some DAGs use): its id decides
+        return {"id": conn_id}
+    extra = {k: v for k, v in (conn.extra_dejson or {}).items() if not secret_looking(str(k))}
+    return {"id": conn_id, "type": conn.conn_type, "host": conn.host, "port": conn.port, "schema": conn.schema,
+            "login": conn.login, "extra": extra}  # fmt: skip
+
+
 class RayJobOperator(BaseOperator):
     """Run one of the package's cluster-side jobs (``emr_ray.cluster.jobs.<name>``) through the Ray Jobs API.
 
@@ -206,14 +224,17 @@ class RayJobOperator(BaseOperator):
         return dict(self.spec)
 
     def tenant(self) -> str:
-        """Whose warm pools this job may use: a digest of the connections it reaches the cluster, reads,
-        writes and logs with. Warm pools are single-tenant by connection: a job never runs in the
-        processes of a pool that served another connection's jobs (:mod:`emr_ray.cluster.jobs.warm`)."""
+        """Whose warm pools this job may use: a digest of what the connections it reaches the cluster,
+        reads, writes and logs with point at (each one's host, port, schema, login and non-secret extras;
+        never a password). Warm pools are single-tenant: a job never runs in the processes of a pool
+        that served another account's jobs (:mod:`emr_ray.cluster.jobs.warm`), even when two
+        deployments use the same connection ids."""
         import hashlib
 
         connections = {"ray": self.ray_conn_id, "cos": self.cos_conn_id, "hdfs": self.hdfs_conn_id,
                        "mlflow": getattr(self, "mlflow_conn_id", None)}  # fmt: skip
-        return hashlib.sha256(json.dumps(connections, sort_keys=True).encode()).hexdigest()[:16]
+        pointed = {kind: connection_identity(conn_id) for kind, conn_id in connections.items()}
+        return hashlib.sha256(json.dumps(pointed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def job_payload(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
         """The spec as JSON data, with the task's identity and the storage settings its URIs need."""

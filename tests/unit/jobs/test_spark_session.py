@@ -73,6 +73,24 @@ def test_pools_are_single_tenant_by_connection():
     assert group_key({"num_workers": 2}, env, "c", "a") != group_key({"num_workers": 2}, env, "c", "b")
 
 
+def test_pools_are_keyed_by_what_a_connection_points_at_not_by_its_id(monkeypatch):
+    """Two deployments on one cluster, both with a ``cos_default``, for other accounts: no shared pool.
+    The same account with a rotated key keeps its pools (each call carries its own credentials)."""
+    import json
+
+    from emr_ray.operators.raydp import RayDPSparkOperator
+
+    def tenant(login: str, secret: str) -> str:
+        conn = {"conn_type": "cos", "login": login, "password": secret, "extra": {"region": "ap-guangzhou"}}
+        monkeypatch.setenv("AIRFLOW_CONN_COS_DEFAULT", json.dumps(conn))
+        return RayDPSparkOperator(task_id="p", preprocess="m:f", input_uri="cos://b/i", output_uri="cos://b/o",
+                                  partition="2026-01-01").tenant()  # fmt: skip
+
+    team_a = tenant("AKIDteamA", "secret-a-0123456789")
+    assert team_a != tenant("AKIDteamB", "secret-b-0123456789")
+    assert team_a == tenant("AKIDteamA", "rotated-a-9876543210")
+
+
 def test_code_fixed_in_place_on_the_cluster_gets_another_session(tmp_path, monkeypatch):
     """Issue 32, item 1: with code installed on the cluster, the key held settings and runtime_env
     only, so a module fixed in place kept running its old version in a busy session."""
@@ -101,6 +119,8 @@ def test_each_call_of_a_warm_session_starts_from_a_clean_state(spark):
     """Issue 32, item 2: one SparkSession served every call, so a job's time zone, temporary views and
     cached plans (their closures hold its credentials) reached the next job. Each call now gets its
     own session of the warm context, and what it cached is dropped when it ends."""
+    from pyspark.sql import SparkSession
+
     from emr_ray.cluster.jobs.spark_session import call_session
 
     zone = spark.conf.get("spark.sql.session.timeZone")
@@ -112,4 +132,8 @@ def test_each_call_of_a_warm_session_starts_from_a_clean_state(spark):
     with call_session(spark) as second:
         assert second.conf.get("spark.sql.session.timeZone") == zone
         assert not second.catalog.tableExists("left_behind")
+        # user code asking for "the" session gets the call's, not the shared base (issue 53, item 5)
+        assert SparkSession.getActiveSession()._jsparkSession.equals(second._jsparkSession)
+        assert SparkSession.builder.getOrCreate()._jsparkSession.equals(second._jsparkSession)
     assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
+    assert SparkSession.getActiveSession()._jsparkSession.equals(spark._jsparkSession)  # the base again

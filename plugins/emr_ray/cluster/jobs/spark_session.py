@@ -89,15 +89,32 @@ def cpus(settings: SparkSettings) -> float:
 def call_session(spark: Any) -> Iterator[Any]:
     """A fresh session of the warm SparkContext for one call (``newSession``): the call's SQL settings
     (a time zone), temporary views and functions are its own and end with it, and whatever it cached
-    (plans whose closures hold its credentials) is dropped when it ends. The executors stay warm."""
+    (plans whose closures hold its credentials) is dropped when it ends. The executors stay warm.
+
+    For the call it is also the active and default session, on the Python side and the JVM's, so user
+    code that asks for "the" session (``SparkSession.getActiveSession()``, ``builder.getOrCreate()``,
+    ``pyspark.pandas``) gets the call's, never the shared base session; the base is restored after."""
+    from pyspark.sql import SparkSession
+
     session = spark.newSession()
+    saved = SparkSession._instantiatedSession, SparkSession._activeSession
+    jvm_session = spark._jvm.SparkSession
+    _make_current(SparkSession, jvm_session, session)
     try:
         yield session
     finally:
+        _make_current(SparkSession, jvm_session, saved[0] or spark, active=saved[1] or spark)
         try:
             session.catalog.clearCache()
         except Exception as e:  # a broken session: the error that broke it is the one to report
             log.warning("Could not clear the call's cached data: %s", e)
+
+
+def _make_current(session_class: Any, jvm_session: Any, session: Any, *, active: Any = None) -> None:
+    active = active or session
+    session_class._instantiatedSession, session_class._activeSession = session, active
+    jvm_session.setDefaultSession(session._jsparkSession)
+    jvm_session.setActiveSession(active._jsparkSession)
 
 
 class WarmSpark(warm_actor.WarmActor):
