@@ -42,6 +42,19 @@ def secret_looking(name: str) -> bool:
     return name in COS_SECRET_ENV.values() or bool(_SECRET_NAME.search(name))
 
 
+#: the most characters of one value a record (an MLflow param or tag) keeps
+RECORD_LIMIT = 500
+
+
+def record_value(name: str, value: object, limit: int = RECORD_LIMIT) -> str:
+    """What a record (an MLflow param or tag) may hold of ``value``: ``<secret>`` when ``name`` looks
+    secret (:func:`secret_looking`, the environment's rule), else its text cut to ``limit`` characters."""
+    if secret_looking(name):
+        return "<secret>"
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def cluster_side_files() -> list[tuple[str, Path]]:
     """The provider's cluster side, the one boundary between the sides: ``emr_ray/__init__.py`` and
     every file under ``emr_ray/cluster/``, as (name inside the package, path), sorted by name.

@@ -57,6 +57,7 @@ from emr_ray.cluster.promotion import (
     TAG_COMPARE_VERSION,
     compare_metric,
 )
+from emr_ray.cluster.reuse import record_value
 from emr_ray.cluster.spec import CompareSection, TrainJobSpec, import_by_path
 
 log = logging.getLogger("emr_ray.cluster.jobs.compare")
@@ -350,7 +351,9 @@ def _record_skip(
 ) -> dict[str, Any]:
     log.warning("Not comparing with %s@%s: %s", section.model_name, section.alias, reason)
     print(f"[emr_ray] comparison skipped: {reason}", flush=True)
-    client.set_tag(mlflow_run_id, TAG_COMPARE_SKIPPED, reason[:5000])
+    client.set_tag(
+        mlflow_run_id, TAG_COMPARE_SKIPPED, record_value(TAG_COMPARE_SKIPPED, reason)
+    )  # the version's too
     return base | {"skipped": reason}
 
 

@@ -96,13 +96,16 @@ def _start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
         )
     from mlflow.entities import Param
 
+    from emr_ray.cluster.reuse import record_value
+
     tags = {**settings.tags, "emr_ray.run_name": spec.run_name}
     run = mlflow_client.create_run(experiment_id, run_name=spec.run_name, tags=tags)
     params = {k: v for k, v in spec.config.items() if not isinstance(v, (list, dict))}
     params |= {f"scaling.{k}": v for k, v in spec.scaling.to_dict().items()}
     params |= {f"data.{k}": v for k, v in spec.datasets.items()}
     # one request (MLflow takes up to 100 params per batch)
-    batch = [Param(key, str(value)[:6000]) for key, value in params.items()]
+    # a config value named like a secret never becomes a param (anyone who may read the run sees it)
+    batch = [Param(key, record_value(key, value)) for key, value in params.items()]
     for start in range(0, len(batch), 100):
         mlflow_client.log_batch(run.info.run_id, params=batch[start : start + 100])
     return run.info.run_id
