@@ -66,9 +66,14 @@ class LocalRedis:
         self.root = self.root.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
-        argv = [server_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.root),
-                "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
-                "--logfile", str(self.root / "server.log"), "--requirepass", self.password]  # fmt: skip
+        # the password in a 0600 file, never on the command line (any user of the machine reads that)
+        config = self.root / "redis.conf"
+        config.touch(mode=0o600)
+        config.chmod(0o600)
+        config.write_text(f"requirepass {self.password}\n")
+        argv = [server_binary(), str(config), "--bind", "127.0.0.1", "--port", str(self.port),
+                "--dir", str(self.root), "--save", "", "--appendonly", "no", "--daemonize", "no",
+                "--protected-mode", "yes", "--logfile", str(self.root / "server.log")]  # fmt: skip
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + timeout

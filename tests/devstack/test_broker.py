@@ -27,6 +27,8 @@ def test_serves_celerys_client_on_loopback_with_a_private_password(tmp_path: Pat
         assert client.rpop("default") == b"message"
         assert client.config_get("bind") == {"bind": "127.0.0.1"}
         assert stat.S_IMODE((tmp_path / "redis" / "password").stat().st_mode) == 0o600
+        assert stat.S_IMODE((tmp_path / "redis" / "redis.conf").stat().st_mode) == 0o600
+        assert server.password.encode() not in Path(f"/proc/{server.process.pid}/cmdline").read_bytes()
         stranger = redis.Redis(host="127.0.0.1", port=server.port, retry=Retry(NoBackoff(), 0))
         with pytest.raises(redis.AuthenticationError, match="(?i)auth"):
             stranger.ping()
