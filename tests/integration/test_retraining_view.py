@@ -189,6 +189,40 @@ def test_the_page_renders_with_mlflow_down(airflow_app):
     assert "1 partition-runs, page 1 of 1" in answer.text and answer.text.count("<svg") == 3
 
 
+def test_a_slow_mlflow_costs_each_page_its_budget_and_none_of_airflows_threads(
+    airflow_app, mlflow_server, monkeypatch
+):
+    """MLflow answering after 9 s (the real server behind the fault proxy): five pages at once each
+    answer within the budget saying so, and Airflow's own API answers meanwhile."""
+    import threading
+    import time
+
+    from devstack.fault_proxy import FaultProxy
+
+    with FaultProxy(mlflow_server.tracking_uri) as proxy:
+        proxy.set("delay", delay=9.0)
+        monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", f'{{"conn_type": "mlflow", "host": "{proxy.url}"}}')
+        took, answers = [], []
+
+        def open_tab() -> None:
+            started = time.monotonic()
+            answers.append(client_as(airflow_app, "admin").get(f"{URL_PREFIX}/dags/{DAG_ID}"))
+            took.append(time.monotonic() - started)
+
+        tabs = [threading.Thread(target=open_tab) for _ in range(5)]
+        for tab in tabs:
+            tab.start()
+        started = time.monotonic()
+        version = client_as(airflow_app, "admin").get("/api/v2/version")
+        airflow_took = time.monotonic() - started
+        for tab in tabs:
+            tab.join()
+    assert [a.status_code for a in answers] == [200] * 5 and version.status_code == 200
+    assert max(took) < 4.0, took  # 1.5 s of MLflow's budget, the rest is the page itself on 2 busy cores
+    assert airflow_took < 2.0, airflow_took
+    assert all("MLflow is slow" in a.text for a in answers)
+
+
 def test_without_a_token_nothing_is_shown(airflow_app):
     for path in (f"/dags/{DAG_ID}", f"/api/dags/{DAG_ID}", "/"):
         assert client_as(airflow_app, None).get(URL_PREFIX + path).status_code == 401

@@ -5,7 +5,8 @@ Each route asks Airflow's auth manager, through the API server's own dependencie
 (``requires_access_dag``, ``get_user``): a DAG's page and its JSON need read access to the DAG, its
 runs, task instances and XComs; the index lists only the retraining DAGs the user may read. The JWT
 comes as Airflow's UI sends it (its cookie, inside the UI's frame) or as a bearer token (the REST
-API's). Routes are sync: FastAPI runs them in its thread pool, so a slow MLflow never blocks the loop.
+API's). Routes are sync: FastAPI runs them in its thread pool; MLflow is read in the view's own threads
+within each page's budget (:mod:`emr_ray.views.mlflow_reads`), so a slow MLflow holds none of Airflow's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse
 
 from emr_ray.views import page, sources
+from emr_ray.views.mlflow_reads import READS
 from emr_ray.views.model import (
     MAX_PAGE_SIZE,
     PAGE_SIZE,
@@ -81,8 +83,9 @@ def view_of(
             for task in run.tasks
             if task_kind(task.result) == "register"
         }
-        registry = sources.read_registry(models, mlflow_conn_id)
-        progress = sources.read_progress(dag_id, runs, mlflow_conn_id)
+        deadline = READS.deadline()  # MLflow's share of the page, whatever it answers
+        registry = sources.read_registry(models, mlflow_conn_id, deadline)
+        progress = sources.read_progress(dag_id, runs, mlflow_conn_id, deadline)
         registry = dataclasses.replace(registry, progress=progress) if progress else registry
         return build_view(dag_id, runs, filters, page_number, page_size, registry)
     except FilterError as e:
@@ -113,7 +116,9 @@ def create_app() -> FastAPI:
         decision: Decisions = [], page_number: PageNumber = 1, page_size: PageSize = PAGE_SIZE,  # noqa: B006
     ) -> dict[str, Any]:  # fmt: skip
         view = view_of(session, dag_id, start, end, state, decision, page_number, page_size)
-        return jsonable_encoder(dataclasses.asdict(view))
+        rows = dataclasses.asdict(view)
+        rows.pop("chronological")  # every filtered row is the plots' business: the JSON is one page
+        return jsonable_encoder(rows)
 
     @app.get("/", response_class=HTMLResponse)
     def index(user: GetUserDep, session: SessionDep) -> HTMLResponse:

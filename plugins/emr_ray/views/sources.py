@@ -2,17 +2,21 @@
 
 Runs, task instances and XComs are read with Airflow's own models in three queries per DAG (the
 API server's session); the champion alias through :class:`~emr_ray.hooks.mlflow.MLflowHook`, once
-per model and without retries, so a down MLflow costs the page a note, not a hang.
+per model and without retries, in the view's own threads and within the page's budget
+(:mod:`emr_ray.views.mlflow_reads`), so a slow or down MLflow costs the page a note, never a hang
+and never one of the API server's threads.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
 from emr_ray.links.ray import RayJobLink
+from emr_ray.views.mlflow_reads import PAGE_BUDGET_S, READS, Reads
 from emr_ray.views.records import Registry, RunRecord, TaskRecord
 
 if TYPE_CHECKING:
@@ -94,9 +98,13 @@ def retraining_dag_ids(session: Session, readable: set[str] | None = None) -> li
     return [d for d in session.scalars(query).all() if readable is None or d in readable]
 
 
-def read_registry(model_names: Iterable[str], mlflow_conn_id: str = "mlflow_default") -> Registry:
-    """The aliases of each model as MLflow has them now, and each champion's UI URL; on any failure
-    (no connection, MLflow down, refused) a Registry that says why."""
+def read_registry(
+    model_names: Iterable[str], mlflow_conn_id: str = "mlflow_default", deadline: float | None = None,
+    reads: Reads = READS,
+) -> Registry:  # fmt: skip
+    """The aliases of each model as MLflow has them now (or as it said them in the last
+    :data:`~emr_ray.views.mlflow_reads.CACHE_TTL_S` seconds), and each champion's UI URL; when MLflow
+    fails or is not back by ``deadline``, a Registry that says why."""
     names = sorted(set(model_names))
     if not names:
         return Registry()
@@ -104,16 +112,26 @@ def read_registry(model_names: Iterable[str], mlflow_conn_id: str = "mlflow_defa
         from emr_ray.hooks.mlflow import MLflowHook
 
         hook = MLflowHook(mlflow_conn_id)
-        aliases = {name: hook.get_aliases_once(name) for name in names}
-        urls = {
-            f"{name}/{version}": url
-            for name, found in aliases.items()
-            for version in found.values()
-            if (url := hook.model_version_url(name, version))
-        }
+        where = hook.tracking_uri  # the cache key: another MLflow behind the same connection id is another
     except Exception as e:  # a page shows what MLflow could not say; it never fails for it
         return Registry(error=f"{type(e).__name__}: {str(e)[:200]}")
-    return Registry(aliases=aliases, version_urls=urls)
+    deadline = deadline or reads.deadline()
+    aliases: dict[str, dict[str, str]] = {}
+    problems = []
+    for name in names:
+        fetch = functools.partial(hook.get_aliases_once, name)
+        answer = reads.get(("aliases", mlflow_conn_id, where, name), fetch, deadline)
+        if answer.ok:
+            aliases[name] = answer.value
+        else:
+            problems.append(answer.error or f"no answer within {PAGE_BUDGET_S:g} s: MLflow is slow")
+    urls = {
+        f"{name}/{version}": url
+        for name, found in aliases.items()
+        for version in found.values()
+        if (url := hook.model_version_url(name, version))
+    }
+    return Registry(aliases=aliases, version_urls=urls, error="; ".join(sorted(set(problems))) or None)
 
 
 #: the task states of a training that is still going
@@ -121,11 +139,13 @@ ACTIVE = frozenset({"running", "deferred", "queued", "scheduled", "up_for_retry"
 
 
 def read_progress(
-    dag_id: str, runs: Iterable[RunRecord], mlflow_conn_id: str = "mlflow_default"
-) -> dict[str, str]:
+    dag_id: str, runs: Iterable[RunRecord], mlflow_conn_id: str = "mlflow_default",
+    deadline: float | None = None, reads: Reads = READS,
+) -> dict[str, str]:  # fmt: skip
     """Each active run's training progress as MLflow has it now: its run is found by the name every
     try of the task gives it (:attr:`emr_ray.identity.TaskIdentity.run_name`), its epochs from the
-    run's ``epochs`` param and the steps logged. Empty when nothing is active or MLflow does not answer."""
+    run's ``epochs`` param and the steps logged. Empty when nothing is active or MLflow does not answer
+    by ``deadline`` (read in the view's own threads, as the aliases are)."""
     from emr_ray.identity import TaskIdentity
 
     wanted: dict[str, str] = {}  # MLflow run name -> Airflow run id
@@ -137,6 +157,12 @@ def read_progress(
                 wanted[identity.run_name] = run.run_id
     if not wanted:
         return {}
+    key = ("progress", mlflow_conn_id, dag_id, tuple(sorted(wanted.items())))
+    answer = reads.get(key, lambda: _progress(wanted, mlflow_conn_id), deadline or reads.deadline())
+    return answer.value if answer.ok else {}
+
+
+def _progress(wanted: Mapping[str, str], mlflow_conn_id: str) -> dict[str, str]:
     try:
         from emr_ray.hooks.mlflow import MLflowHook
 
