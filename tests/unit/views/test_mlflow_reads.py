@@ -22,7 +22,9 @@ def test_a_read_not_back_by_the_deadline_is_slow_and_the_next_page_gets_it_from_
         return {"champion": "7"}
 
     started = time.monotonic()
-    pages = [threading.Thread(target=lambda: reads.get("m", slow_aliases, reads.deadline(0.3))) for _ in range(5)]
+    pages = [
+        threading.Thread(target=lambda: reads.get("m", slow_aliases, reads.deadline(0.3))) for _ in range(5)
+    ]
     for page in pages:
         page.start()
     answer = reads.get("m", slow_aliases, reads.deadline(0.3))
