@@ -161,3 +161,26 @@ def test_only_a_job_without_a_replica_of_its_kind_evicts_other_idle_pools_to_mak
     monkeypatch.setattr(warm, "_room_for", lambda cpus, key, evict: asked.append(evict) or True)
     assert warm.serve("ns", KEY, 2, first.attempt, what="group") == f"{KEY}-0"
     assert asked == [True]
+
+
+def test_a_pool_calls_log_lines_go_to_the_job_once_and_travel_with_its_failure(caplog):
+    """The call's lines go to the job (which prints them), not also to the actor's own output (the job
+    that created the pool printed them twice); a failing call carries them in its exception."""
+    import logging
+
+    import pytest
+
+    from emr_ray.cluster.jobs.warm import CallLog
+
+    with caplog.at_level(logging.INFO), CallLog.capture() as lines:
+        logging.getLogger("emr_ray.cluster.jobs.compare").info("tabular-mlp@champion does not exist yet")
+    assert len(lines) == 1 and lines[0].endswith(
+        "INFO emr_ray.cluster.jobs.compare: tabular-mlp@champion does not exist yet"
+    )
+    assert "does not exist yet" not in caplog.text  # the root (the actor's output) never saw it
+    assert logging.getLogger("emr_ray").propagate  # as it was, after the call
+
+    with pytest.raises(RuntimeError) as failed, CallLog.capture():
+        logging.getLogger("include.models.tabular").info("epoch 3: loss went to nan")
+        raise RuntimeError("the loop failed")
+    assert "epoch 3: loss went to nan" in failed.value.__notes__[0]

@@ -31,6 +31,8 @@ class JobInputError(Exception):
 #: what a job raises for input a retry cannot fix (``ValueError`` covers spec decoding and checks)
 INPUT_ERRORS: tuple[type[BaseException], ...] = (JobInputError, storage.StorageError, ValueError, ImportError)
 INPUT_ERROR_EXIT_CODE = 2
+#: the job log's line format
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def main(
@@ -55,9 +57,7 @@ def main(
     group.add_argument("--spec", help="a JSON spec file (for running a job by hand)")
     parser.add_argument("--result-file", help="also write the result JSON here")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout
-    )
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stdout)
     try:
         if args.spec:
             with open(args.spec) as f:

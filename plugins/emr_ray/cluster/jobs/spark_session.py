@@ -160,12 +160,8 @@ class WarmSpark(warm_actor.WarmActor):
         with self.holding(lease):
             recorder = _usage.Recorder()
             began = time.time()
-            lines = warm.CallLog.attach()
-            try:
-                with call_session(self.spark) as spark:
-                    result = preprocess_partition(spark, spec, options, files, lap=recorder.lap)
-            finally:
-                warm.CallLog.detach()
+            with warm.CallLog.capture() as lines, call_session(self.spark) as spark:
+                result = preprocess_partition(spark, spec, options, files, lap=recorder.lap)
         return {"result": result, "log": lines, "phases": recorder.phases, "call_started_at": began,
                 "call_ended_at": time.time()}  # fmt: skip
 

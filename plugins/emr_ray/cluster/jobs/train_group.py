@@ -131,7 +131,6 @@ class TrainWorker:
 
         self.call, self.reports = call, []
         fsys, run_path = storage.resolve(run_uri, options)
-        lines = warm.CallLog.attach()
         uploads = self.uploads = train_checkpoints.BackgroundUploads(fsys, run_path)
 
         def report(metrics: dict[str, Any], directory: str | None) -> None:
@@ -139,20 +138,18 @@ class TrainWorker:
             the background, in order, while the next epoch runs."""
             uploads.submit(metrics, directory, self.reports.append)
 
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                resume_dir = train_checkpoints.download(fsys, resume_path, tmp) if resume_path else None
-                context = emr_train.WarmGroupContext(self.rank, self.world_size, self.device, options, resume_dir,
-                                                     report, emr_train.inputs_of_plan(config))  # fmt: skip
-                with emr_train.running_in(context):
-                    import_by_path(train_loop)(config)
-        except BaseException:
-            uploads.finish(raise_failed=False)  # the loop's own error is the call's
-            raise
-        else:
+        with warm.CallLog.capture() as lines:
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    resume_dir = train_checkpoints.download(fsys, resume_path, tmp) if resume_path else None
+                    context = emr_train.WarmGroupContext(self.rank, self.world_size, self.device, options,
+                                                         resume_dir, report, emr_train.inputs_of_plan(config))  # fmt: skip
+                    with emr_train.running_in(context):
+                        import_by_path(train_loop)(config)
+            except BaseException:
+                uploads.finish(raise_failed=False)  # the loop's own error is the call's
+                raise
             uploads.finish()  # every checkpoint stored before the call ends (raises the first failure)
-        finally:
-            warm.CallLog.detach()
         return {"log": lines, "reports": len(self.reports)}
 
     def after_fit(self, call: str, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
@@ -167,12 +164,8 @@ class TrainWorker:
 
         if call != self.call:
             raise RuntimeError(f"after_fit for call {call}, but this worker last ran call {self.call}")
-        lines = warm.CallLog.attach()
-        try:
-            with self._login, scoped_environ(env):
-                value = import_by_path(fn)(**kwargs)
-        finally:
-            warm.CallLog.detach()
+        with warm.CallLog.capture() as lines, self._login, scoped_environ(env):
+            value = import_by_path(fn)(**kwargs)
         return {"value": value, "log": lines}
 
     def mlflow_step(self, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:

@@ -25,7 +25,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from emr_ray.cluster.reuse import FORCE_ENV
@@ -160,11 +161,16 @@ def release_idle(cpus_needed: float, *, keep: str | None = None) -> list[str]:
 
 class CallLog(logging.Handler):
     """The log lines of a pool's running call (its ``emr_ray`` and ``include`` loggers), handed back to
-    the job, which prints them: a detached actor's own output reaches no job's log."""
+    the job, which prints them: a detached actor's own output reaches at most the job that created it.
+
+    While a call runs they go to the call's list only (not also to the actor's own output, which the
+    creating job printed a second time, without the time); a call that fails carries them in its
+    exception's notes, so the job's traceback shows them (:meth:`capture`)."""
 
     LOGGERS = ("emr_ray", "include")
     FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # as the job runtime's own lines
     _current: CallLog | None = None
+    _propagate: dict[str, bool] = {}
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -181,14 +187,32 @@ class CallLog(logging.Handler):
             logger = logging.getLogger(name)
             logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
             logger.addHandler(handler)
+            cls._propagate[name], logger.propagate = logger.propagate, False
         return handler.lines
 
     @classmethod
     def detach(cls) -> None:
         for name in cls.LOGGERS:
+            logger = logging.getLogger(name)
             if cls._current is not None:
-                logging.getLogger(name).removeHandler(cls._current)
+                logger.removeHandler(cls._current)
+            logger.propagate = cls._propagate.pop(name, True)
         cls._current = None
+
+    @classmethod
+    @contextmanager
+    def capture(cls) -> Iterator[list[str]]:
+        """The call's log lines, collected while the block runs; on failure, added to the exception's
+        notes (they travel with it to the job)."""
+        lines = cls.attach()
+        try:
+            yield lines
+        except BaseException as e:
+            if lines:
+                e.add_note("The call's log:\n" + "\n".join(lines))
+            raise
+        finally:
+            cls.detach()
 
 
 T = TypeVar("T")
