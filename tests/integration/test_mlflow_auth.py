@@ -243,7 +243,7 @@ def test_a_warm_group_logs_and_compares_with_the_login_and_keeps_none_of_it(
     job, logs = RayHook().get_job(op._submission_id), RayHook().get_job_logs(op._submission_id)
     assert conns.user[1] not in json.dumps(job) + logs
     # the champion, a model from the registry, was scored in a process that ended with the call
-    assert re.search(r"compare:score_champion ran in process \d+, which has ended \(\d+\.\ds\)", logs), logs
+    assert re.search(r"compare:score_rows ran in process \d+, which has ended \(\d+\.\ds\)", logs), logs
 
 
 # ---------------------------------------------------------------------- refusals

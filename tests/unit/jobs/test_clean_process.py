@@ -6,8 +6,9 @@ imports nothing ahead (``bench/clean_process.py`` measures it with torch and MLf
 
 from __future__ import annotations
 
-import json
 import os
+import sys
+import time
 
 import pytest
 
@@ -46,9 +47,40 @@ def test_a_call_gets_its_own_environment_and_never_the_parents_login():
     assert clean_process.call("os:getenv", {"key": "EMR_RAY_CALL"}, {}) is None
 
 
-def test_the_calls_exception_is_raised_here():
-    with pytest.raises(json.JSONDecodeError):
+def test_the_calls_exception_comes_back_as_data_and_only_as_a_type_the_caller_names():
+    """What ran in the child may be hostile (a registered model is code): its exception crosses back
+    as its type's name and message, rebuilt only as a class the caller names."""
+    with pytest.raises(clean_process.CallFailed, match="^JSONDecodeError: Expecting"):
         clean_process.call("json:loads", {"s": "{"}, {})
+    with pytest.raises(ValueError, match="^Expecting property name"):
+        clean_process.call("json:loads", {"s": "{"}, {}, errors={"JSONDecodeError": ValueError})
+
+
+def test_an_answer_that_is_not_data_is_refused_never_unpickled():
+    """A crafted object (whose unpickling would run code here) cannot be an answer: JSON only."""
+    with pytest.raises(clean_process.CallFailed, match="the answer is not JSON"):
+        clean_process.call("pathlib:PurePosixPath", {}, {})  # a path object, not data
+
+
+def test_nothing_the_child_started_outlives_the_call(tmp_path):
+    """A call that starts a grandchild which hangs (a DataLoader worker, a crafted model's helper):
+    the call returns when the child ends, and the grandchild is gone with it."""
+    pidfile = tmp_path / "grandchild.pid"
+    script = f"import subprocess; p = subprocess.Popen(['sleep', '300']); open({str(pidfile)!r}, 'w').write(str(p.pid))"
+    assert (
+        clean_process.call("subprocess:call", {"args": [sys.executable, "-c", script]}, {}, timeout_s=60) == 0
+    )
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 5  # killed by now; the kernel takes a moment to tear it down
+    while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{grandchild}"), open(f"/proc/{grandchild}/stat").read()
+
+
+def test_the_template_holds_no_secret_looking_variable(monkeypatch):
+    monkeypatch.setenv("EMR_RAY_COS_SECRET_KEY", "cos-key-the-child-must-not-see")
+    clean_process._drop_template()
+    assert clean_process.call("os:getenv", {"key": "EMR_RAY_COS_SECRET_KEY"}, {}) is None
 
 
 def test_a_call_past_its_timeout_is_killed_and_fails_saying_so():

@@ -16,11 +16,18 @@ through a pipe, like its other arguments; never in an argument list or an enviro
 process can read (the champion's scoring needs no login: rank 0 downloads its files). When rank 0
 dies, the template reads the end of its socket and exits.
 
+What runs in the child may be hostile (a registered model is code): its answer comes back as JSON,
+never unpickled here, and an exception only as its type's name and message (rebuilt as one of the
+types the caller names, else :class:`CallFailed`). The child leads a process group of its own, killed
+whole when the call ends, so nothing it started (DataLoader workers, a hung grandchild) outlives it,
+and the template's environment holds no secret-looking variable.
+
 Runs on the cluster: never imports Airflow.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -62,9 +69,11 @@ class _Template:
 
     def __init__(self) -> None:
         from emr_ray.cluster.mlflow_auth import CREDENTIAL_ENV_VARS
+        from emr_ray.cluster.reuse import secret_looking
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = {key: value for key, value in os.environ.items() if key not in CREDENTIAL_ENV_VARS}
+        env = {key: value for key, value in os.environ.items()
+               if key not in CREDENTIAL_ENV_VARS and not secret_looking(key)}  # fmt: skip
         env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
         self.process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(theirs.fileno()), *PREIMPORTS], pass_fds=(theirs.fileno(),),
@@ -115,10 +124,16 @@ def _drop_template() -> None:
 
 
 def call(
-    fn: str, kwargs: Mapping[str, Any], env: Mapping[str, str], timeout_s: float = CALL_TIMEOUT_S
+    fn: str,
+    kwargs: Mapping[str, Any],
+    env: Mapping[str, str],
+    timeout_s: float = CALL_TIMEOUT_S,
+    errors: Mapping[str, type[Exception]] | None = None,
 ) -> Any:
-    """``fn`` (an import path) called with ``kwargs`` in a child with ``env`` set; its value, or its
-    exception raised here. The child's log lines are logged here; it has ended when this returns."""
+    """``fn`` (an import path) called with ``kwargs`` in a child with ``env`` set; its value (JSON), or
+    its exception raised here: as the class ``errors`` maps its type's name to (built from its message),
+    else :class:`CallFailed`. The child's log lines are logged here; it, and every process it started,
+    has ended when this returns."""
     request = pickle.dumps({"fn": fn, "kwargs": dict(kwargs), "env": dict(env)})
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
@@ -148,11 +163,17 @@ def call(
     if not answer:
         raise CallFailed(f"{fn} ended its process with no answer")
     try:
-        outcome = pickle.loads(answer)
-    except Exception as e:  # an exception whose class cannot be rebuilt from its arguments
-        raise CallFailed(f"{fn}'s answer could not be read back: {type(e).__name__}: {e}") from e
+        outcome = json.loads(answer)
+    except ValueError as e:  # never unpickled: what the child says is data, whatever ran there
+        raise CallFailed(f"{fn}'s answer is not JSON ({e})") from None
+    if not isinstance(outcome, dict) or not ({"value"} <= set(outcome) or {"error"} <= set(outcome)):
+        raise CallFailed(f"{fn}'s answer is not a value or an error: {str(outcome)[:200]}")
     if "error" in outcome:
-        raise outcome["error"]
+        error = outcome["error"] if isinstance(outcome["error"], dict) else {}
+        kind, message = str(error.get("type", "Exception")), str(error.get("message", ""))
+        raise (errors or {}).get(kind, CallFailed)(
+            message if kind in (errors or {}) else f"{kind}: {message}"
+        )
     return outcome["value"]
 
 
@@ -174,17 +195,21 @@ def _exchange(
                 timed_out = True
                 _kill(pid)
                 break
-            ready, _, _ = select.select(sorted(still_open), [], [], left)
+            ready, _, _ = select.select(sorted(still_open), [], [], min(left, 0.2))
             for fd in ready:
                 chunk = os.read(fd, 1 << 16)
                 if chunk:
                     read[fd] += chunk
                 else:
                     still_open.discard(fd)
+            if not ready and not _exists(pid):  # the child is gone; what it started holds the pipes
+                _kill(pid)
+                deadline = min(deadline, time.monotonic() + 1.0)
     finally:
         os.close(answer_r)
         os.close(lines_r)
     writer.join(timeout=5)
+    _kill(pid)  # its process group: whatever the child started ends with the call
     _wait_gone(pid)
     return bytes(read[answer_r]), bytes(read[lines_r]), timed_out
 
@@ -201,10 +226,20 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _kill(pid: int) -> None:
+    """SIGKILL the child's process group: the child and everything it started (nothing when all are
+    gone; never a lone pid, which may by now be another process's)."""
     try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _wait_gone(pid: int) -> None:
@@ -240,6 +275,7 @@ def _template_main(fd: int, preimports: list[str]) -> None:
         pid = os.fork()
         if pid == 0:
             try:
+                os.setpgid(0, 0)  # a group of its own: killed whole, with whatever the call starts
                 channel.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for target, source in enumerate(fds):
@@ -273,14 +309,12 @@ def _serve() -> None:
 
         outcome: dict[str, Any] = {"value": import_by_path(request["fn"])(**request["kwargs"])}
     except Exception as e:
-        outcome = {"error": e}
+        outcome = {"error": {"type": type(e).__name__, "message": str(e)}}
     try:
-        payload = pickle.dumps(outcome)
-    except Exception:  # an exception that does not pickle crosses back as its text
-        payload = pickle.dumps(
-            {"error": CallFailed(f"{type(outcome['error']).__name__}: {outcome['error']}")}
-        )
-    answer.write(payload)
+        payload = json.dumps(outcome, allow_nan=True)
+    except (TypeError, ValueError) as e:  # a value that is not data crosses back as why
+        payload = json.dumps({"error": {"type": "CallFailed", "message": f"the answer is not JSON: {e}"}})
+    answer.write(payload.encode())
     answer.flush()
     _exit_now()
 

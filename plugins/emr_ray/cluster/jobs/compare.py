@@ -10,8 +10,11 @@ file the plan lists for the ``test`` dataset.
 The champion is scored where nothing of it outlives the job: in the job's driver, or, on a warm
 group's rank 0 (a process that serves the next jobs), in a process of its own that ends with the call
 (``isolated``: :mod:`emr_ray.cluster.jobs.clean_process`). There, rank 0 copies the version's files
-with its open store; the child only unpickles and scores them, with no MLflow store to open (a second
-here against a database store) and no login for the model's code to see.
+with its open store and writes the test rows to a file; the child only unpickles and scores them,
+with no MLflow store to open (a second here against a database store), no storage options and no
+login for the model's code to see, and answers with numbers (JSON, never unpickled by rank 0).
+Loading a registered model still runs its code (a pickled flavour): whoever may move ``@champion``
+may run code on the cluster, in that child (docs/security.md).
 
 This runs in the job's driver (or rank 0), not on the Ray Train workers: a test split is small (the default
 split keeps a fifth of a partition; 10k rows of 16 features is under 1 MB), so the driver reads it
@@ -257,9 +260,10 @@ def _compare(
     log.info("Read %d test rows in %.1fs", table.num_rows, time.monotonic() - started)
     kwargs: dict[str, Any] = {"spec": spec, "version": version, "plan": plan, "options": options}
     if isolated:
-        # this process copies the files with its open store and the job's login; the child only
-        # unpickles and scores them, and needs neither (no store to open, no login to hold)
+        # this process copies the files with its open store and the job's login, and hands the child
+        # the rows: the child only unpickles and scores, with no store, no storage options, no login
         with tempfile.TemporaryDirectory() as tmp:
+            rows = write_rows(table, os.path.join(tmp, "rows.arrow"))
             copying = time.monotonic()
             try:
                 local = download_version(spec, client, section.model_name, version, tmp)
@@ -270,7 +274,10 @@ def _compare(
             log.info(
                 "Copied %s v%s's files in %.1fs", section.model_name, version, time.monotonic() - copying
             )
-            champion_figures = clean_process.call(f"{__name__}:score_champion", kwargs | {"local": local}, {})
+            champion_figures = clean_process.call(
+                f"{__name__}:score_rows", {"spec": spec, "version": version, "rows": rows, "local": local}, {},
+                errors={"Skipped": Skipped},
+            )  # fmt: skip
     else:
         champion_figures = score_champion(**kwargs)
     challenger_figures = _numbers(evaluate(challenger, spec.config, table))
@@ -287,6 +294,25 @@ def _compare(
     }
 
 
+def write_rows(table: Any, path: str) -> str:
+    """The test rows as an Arrow file for the scoring child: it reads them, never the store."""
+    import pyarrow as pa
+
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return path
+
+
+def score_rows(spec: TrainJobSpec, version: str, rows: str, local: str) -> dict[str, float]:
+    """In the scoring child (:func:`with_champion`'s ``isolated``): the downloaded version ``local``
+    scored on the rows rank 0 wrote to ``rows``. No storage options, no login: only data in, numbers out."""
+    import pyarrow as pa
+
+    with pa.memory_map(rows) as source:
+        table = pa.ipc.open_file(source).read_all()
+    return _score(spec, version, table, local=local)
+
+
 def score_champion(
     spec: TrainJobSpec,
     version: str,
@@ -294,12 +320,14 @@ def score_champion(
     options: storage.StorageOptions,
     local: str | None = None,
 ) -> dict[str, float]:
-    """Version ``version`` of the compared model scored by ``evaluate`` on the plan's test rows (in
-    the caller's process, or in a clean one: :func:`with_champion`'s ``isolated``, which passes the
-    version's files already downloaded, as ``local``)."""
+    """Version ``version`` of the compared model scored by ``evaluate`` on the plan's test rows, in the
+    caller's process (the clean process's is :func:`score_rows`)."""
+    return _score(spec, version, read_test_rows(plan, options), local=local)
+
+
+def _score(spec: TrainJobSpec, version: str, table: Any, *, local: str | None) -> dict[str, float]:
     assert spec.compare is not None
     name, evaluate = spec.compare.model_name, _evaluate_of(spec)
-    table = read_test_rows(plan, options)
     try:
         champion = (
             load_downloaded(local) if local else load_version(spec, tracking.client(spec), name, version)
