@@ -387,13 +387,17 @@ class RayHook(BaseHook):
         """The job's page in the Ray dashboard."""
         return f"{self.dashboard_url}/#/jobs/{submission_id}"
 
-    def ship_packages(self, runtime_env: dict[str, Any], *, code: str | None = None) -> dict[str, Any]:
+    def ship_packages(
+        self, runtime_env: dict[str, Any], *, code: str | None = None, dags_folder: str | None = None
+    ) -> dict[str, Any]:
         """``runtime_env`` with the job's code uploaded through the Jobs API and named by URI: local
         ``py_modules`` / ``working_dir`` paths always, ``emr_ray`` and ``include/`` when ``code`` (or
-        the connection's extra ``code``) is ``"ship"`` (:mod:`emr_ray.hooks.ray_packages`)."""
+        the connection's extra ``code``) is ``"ship"`` (:mod:`emr_ray.hooks.ray_packages`);
+        ``include/`` is looked for next to ``dags_folder`` (the run's DAG bundle; default: Airflow's
+        ``[core] dags_folder``)."""
         from emr_ray.hooks.ray_packages import ship_packages
 
-        return ship_packages(self, runtime_env, code=code)
+        return ship_packages(self, runtime_env, code=code, dags_folder=dags_folder)
 
     @asynccontextmanager
     async def async_jobs(self) -> AsyncIterator[AsyncJobsClient]:

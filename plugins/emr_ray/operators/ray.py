@@ -236,6 +236,15 @@ class RayJobOperator(BaseOperator):
         pointed = {kind: connection_identity(conn_id) for kind, conn_id in connections.items()}
         return hashlib.sha256(json.dumps(pointed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+    def dags_folder(self) -> str | None:
+        """The folder of the DAG file this task was parsed from, in the DAG bundle version of its run:
+        the ``include/`` shipped with the job is the one beside it, so two workers with other
+        checkouts ship the run's code, not each their own (None: Airflow's ``[core] dags_folder``)."""
+        import os
+
+        fileloc = getattr(getattr(self, "dag", None), "fileloc", None) if self.has_dag() else None
+        return os.path.dirname(fileloc) if fileloc and os.path.isfile(fileloc) else None
+
     def job_payload(self, context: Any, identity: TaskIdentity) -> dict[str, Any]:
         """The spec as JSON data, with the task's identity and the storage settings its URIs need."""
         built = self.build_spec(context, identity)
@@ -266,7 +275,8 @@ class RayJobOperator(BaseOperator):
             spec = self.job_payload(context, identity)
         except ValueError as e:  # SpecError, StorageError: the rendered arguments can never run
             raise RayJobInputError(f"Task {identity.task_id}: {e}") from e
-        runtime_env = self.hook.ship_packages(self.job_runtime_env(context), code=self.code)
+        runtime_env = self.hook.ship_packages(self.job_runtime_env(context), code=self.code,
+                                              dags_folder=self.dags_folder())  # fmt: skip
         secrets = self.job_secrets(context, spec)
         self._own_submission_id = identity.submission_id()
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env, secrets)

@@ -220,3 +220,24 @@ def test_the_code_setting_takes_installed_or_ship_only():
     assert code_mode("Ship", where="x") == "ship" and code_mode("installed", where="x") == "installed"
     with pytest.raises(RayConnectionConfigError, match=r"code='upload'.*\"installed\".*\"ship\""):
         code_mode("upload", where="operator argument")
+
+
+def test_the_include_shipped_is_the_one_beside_the_runs_dag_file(tmp_path):
+    """Ship mode takes ``include/`` from beside the DAG file the task was parsed from (the run's DAG
+    bundle version), not from ``[core] dags_folder``: two Celery workers with other checkouts ship the
+    run's code, not each their own."""
+    from airflow.sdk import DAG
+
+    from emr_ray.operators.ray import RayJobOperator
+
+    bundle = tmp_path / "bundle-v2"
+    (bundle / "dags").mkdir(parents=True)
+    (bundle / "include").mkdir()
+    dag_file = bundle / "dags" / "retrain.py"
+    dag_file.write_text("# the DAG file of this bundle version\n")
+    with DAG("retrain", schedule=None) as dag:
+        op = RayJobOperator(task_id="t", spec={"payload": "x"})
+    dag.fileloc = str(dag_file)
+    assert op.dags_folder() == str(bundle / "dags")
+    assert find_include_dir(None, op.dags_folder()) == bundle / "include"
+    assert RayJobOperator(task_id="alone", spec={"payload": "x"}).dags_folder() is None
