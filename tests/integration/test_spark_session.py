@@ -165,16 +165,22 @@ def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_w
     first = preprocess(cos_prefix, days[0], "shared", tag)
     assert first["spark_session"]["reused"] is False and first["spark_session"]["calls"] == 1
 
-    # The next job runs with other COS keys, and the first job's keys are refused from now on: the
-    # warm session can only read and write with the keys this job passes to it.
-    cos_server.register_credentials("second-secret-id", "second-secret-key")
-    monkeypatch.setenv("AIRFLOW_CONN_COS_DEFAULT", cos_connection_json(
-        cos_server.endpoint, login="second-secret-id", password="second-secret-key"))  # fmt: skip
-    cos_server.reject_secret_id(SECRET_ID)
+    # The next job runs with a rotated key of the same account (its SecretId, a new SecretKey; the old
+    # one is refused from now on): the same warm session serves it (pools are keyed by what a connection
+    # points at, its account included, never by its secret), reading and writing only with the keys this
+    # job passes to it. Another account gets another pool (tests/unit/jobs/test_spark_session.py).
+    before = cos_server.credentials.get(SECRET_ID)
+    cos_server.register_credentials(SECRET_ID, "rotated-secret-key")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_COS_DEFAULT", cos_connection_json(cos_server.endpoint, password="rotated-secret-key")
+    )
     try:
         second = preprocess(cos_prefix, days[1], "shared", tag)
     finally:
-        cos_server.allow_secret_id(SECRET_ID)
+        if before is None:
+            cos_server.credentials.pop(SECRET_ID, None)
+        else:
+            cos_server.credentials[SECRET_ID] = before
         monkeypatch.setenv("AIRFLOW_CONN_COS_DEFAULT", cos_connection_json(cos_server.endpoint))
     session, started = second["spark_session"], first["spark_session"]
     assert started["why"].startswith("no shared spark session was running") and not started["reused"]
