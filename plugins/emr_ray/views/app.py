@@ -95,6 +95,7 @@ def view_of(
 def create_app() -> FastAPI:
     """The app the plugin mounts at :data:`~emr_ray.views.registration.URL_PREFIX`."""
     app = FastAPI(title="emr_ray: Retraining view", docs_url=None, redoc_url=None, openapi_url=None)
+    READS.warm_up()  # the first page should not wait for MLflow's import
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Any) -> Response:

@@ -87,6 +87,12 @@ class Reads:
             self._cache[key] = (self._clock() + (CACHE_TTL_S if error is None else ERROR_TTL_S), answer)
             self._pending.pop(key, None)
 
+    def warm_up(self) -> None:
+        """Import MLflow in one of these threads now (seconds, once per process), not in a page's budget."""
+        import importlib
+
+        self._pool.submit(importlib.import_module, "mlflow")
+
     def clear(self) -> None:
         with self._lock:
             self._cache.clear()
