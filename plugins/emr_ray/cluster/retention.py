@@ -278,12 +278,14 @@ def plan(
     released: Callable[[Pin], str | None] | None = None,
     referenced: set[str] = frozenset(),  # type: ignore[assignment]
     committed: bool = True,
+    listed: list[Pin] | None = None,
 ) -> list[Removal]:
     """What :func:`remove` would remove from the partition, and why, without removing anything.
 
     :param now: the store's present (default: :func:`store_now`; after a commit, when its manifest landed).
     :param released: for each pin, why it no longer protects (housekeeping asks MLflow), or None.
     :param referenced: generations that something outside the partition names (a model version's tags).
+    :param listed: the partition's pins, when the caller listed them already (:func:`sweep`).
     :param committed: whether committed data (generations, pins, the previous layout) may go at all;
         False: only what needs no registry (abandoned writers' files, temporaries).
     """
@@ -294,7 +296,7 @@ def plan(
     now = now or store_now(partition_uri, options)
     removals: list[Removal] = []
     held: dict[str, list[str]] = {}
-    for p in pins(partition_uri, options):
+    for p in pins(partition_uri, options) if listed is None else listed:
         why = released(p) if released and committed else None
         if why:
             path = f"{root}/{partitions.PINS}/{p.generation}/{p.holder}.json"
@@ -461,10 +463,11 @@ def sweep(
     named = references.generations(policy, now)
     for partition_uri in found:
         referenced = {g for uri, g in named if uri == partition_uri.rstrip("/")}
+        listed = pins(partition_uri, options)  # once, for the plan and the report
         removals = plan(partition_uri, options, policy, now=now, released=release, referenced=referenced,
-                        committed=references.complete)  # fmt: skip
+                        committed=references.complete, listed=listed)  # fmt: skip
         swept.planned += removals
-        swept.kept += _kept(partition_uri, options, policy, references, now, removals)
+        swept.kept += _kept(partition_uri, options, policy, references, now, removals, listed)
         if not dry_run:
             swept.failed += remove(removals, options)
     return swept
@@ -477,12 +480,13 @@ def _kept(
     references: References,
     now: dt.datetime,
     removals: list[Removal],
+    listed: list[Pin],
 ) -> list[Kept]:
     """The generations of the partition that kept versions hold (through their trainings' pins)."""
     released = {r.name for r in removals if r.kind == "pin"}
     sizes: dict[str, int] = {}
     kept = []
-    for p in pins(partition_uri, options):
+    for p in listed:
         if f"{p.generation}/{p.holder}" in released:
             continue
         for version, why in references.holders(p, policy, now):
