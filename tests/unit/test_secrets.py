@@ -15,11 +15,29 @@ def test_without_a_reference_take_and_ensure_env_do_nothing(monkeypatch):
     assert dict(os.environ) == before
 
 
-def test_the_job_scoped_copy_is_named_from_the_reference_without_revealing_it():
-    ref = "gcs://_emr_ray_secrets_0123abcd.zip"
-    key = secrets.copy_key(ref)
-    assert key.startswith("gcs://_emr_ray_job_secrets_") and key.endswith(".zip")
-    assert "0123abcd" not in key and key == secrets.copy_key(ref) != secrets.copy_key(ref + "x")
+def test_the_copys_name_travels_only_pickled_inside_what_the_driver_sends(monkeypatch):
+    """A worker learns the name of the job's secret copy by unpickling a spec part (or ``carried()``)
+    the driver sent it; JSON, the repr and a process of another job never see it (issue 53, item 4)."""
+    import pickle
+
+    from emr_ray.cluster.spec import StorageSection
+
+    ref, key = "gcs://_emr_ray_secrets_0123abcd.zip", f"gcs://{secrets.COPY_PREFIX}9f8e7d.zip"
+    monkeypatch.setenv(secrets.SECRET_REF_ENV, ref)
+    monkeypatch.setattr(secrets, "_copy_names", {ref: key})  # the driver, after take()
+    part = StorageSection(cos={"region": "ap-guangzhou"})
+    sent, handed = pickle.dumps(part), pickle.dumps(secrets.carried())
+    assert key not in part.to_json() and key not in repr(secrets.carried())
+
+    monkeypatch.setattr(secrets, "_copy_names", {})  # a worker of the job, before it got anything
+    assert secrets.carried() is None
+    assert pickle.loads(sent) == part and secrets.carried() == secrets.CopyName(ref, key)
+    monkeypatch.setattr(secrets, "_copy_names", {})
+    pickle.loads(handed)
+    assert secrets._copy_names == {ref: key}
+
+    monkeypatch.setenv(secrets.SECRET_REF_ENV, ref + "-another-job")  # its reference names no copy here
+    assert secrets.carried() is None
 
 
 def test_a_record_never_holds_a_secret_named_value_and_stays_short():

@@ -10,11 +10,15 @@ environment. So secrets (COS keys, the MLflow login) never go there. Instead:
    (Ray's temporary reference on an uploaded package, 10 minutes by default; the operator renews
    it while the job waits in PENDING).
 2. The job's driver takes it at start (:func:`take`): reads it, deletes it (single use), puts the
-   values into its own environment, and keeps a job-scoped copy for the job's other processes.
-3. A worker process of the job (Ray Train workers and controller, Ray Data tasks) calls
-   :func:`ensure_env` before it reads a secret from its environment. The copy lives as long as the
-   driver renews it (every minute, for :data:`COPY_TTL_SECONDS`) and is deleted when the driver
-   exits, so a driver killed hard leaves nothing behind for long.
+   values into its own environment, and keeps a job-scoped copy for the job's other processes under
+   a random name it draws itself, so nothing public (the reference, the job's id) derives it.
+3. That name reaches a worker process of the job (Ray Train workers and controller, Ray Data tasks)
+   only inside what the driver sends it: every spec part, and :func:`carried` where no spec part
+   goes, pickles the name along and the worker adopts it when it unpickles them (never through a
+   runtime_env, which the runtime-env agent logs). The worker calls :func:`ensure_env` before it
+   reads a secret from its environment. The copy lives as long as the driver renews it (every
+   minute, for :data:`COPY_TTL_SECONDS`) and is deleted when the driver exits, so a driver killed
+   hard leaves nothing behind for long.
 
 What a holder of the cluster's token can still do: run code on the cluster, and so read what a
 running job holds in memory. What it cannot do: read a secret from the job info, the dashboard,
@@ -24,16 +28,20 @@ the cluster's logs, or after the job has ended.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import logging
 import os
+import secrets as random_tokens
 import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 #: the environment variable that carries the reference to a job's staged secrets (not a secret)
 SECRET_REF_ENV = "EMR_RAY_SECRETS_REF"
 #: the package name prefix of staged secrets (``gcs://<prefix><random>.zip``)
 STAGED_PREFIX = "_emr_ray_secrets_"
+#: the package name prefix of a job-scoped copy (``gcs://<prefix><random>.zip``)
+COPY_PREFIX = "_emr_ray_job_secrets_"
 #: how long the job-scoped copy survives its driver (renewed every :data:`RENEW_SECONDS`)
 COPY_TTL_SECONDS = 300
 RENEW_SECONDS = 60
@@ -42,16 +50,39 @@ log = logging.getLogger("emr_ray.cluster.secrets")
 _taken: dict[str, str] = {}
 #: the job-scoped copies this process keeps (deleted when it ends: at exit, or by :func:`forget_all`)
 _copies: list[str] = []
+#: secret reference -> the name of its job-scoped copy, as this process knows it (drawn by the driver
+#: in :func:`take`, adopted by a worker from what the driver sent it)
+_copy_names: dict[str, str] = {}
 
 
 class SecretsUnavailableError(RuntimeError):
     """The staged secrets are gone: taken by another process, or dropped by the cluster."""
 
 
-def copy_key(ref: str) -> str:
-    """The job-scoped copy of the secrets staged under ``ref`` (a package URI, so the cluster
-    removes it when its temporary references lapse)."""
-    return f"gcs://_emr_ray_job_secrets_{hashlib.sha256(ref.encode()).hexdigest()[:32]}.zip"
+@dataclass(frozen=True)
+class CopyName:
+    """The name of a job's secret copy, as it travels to the job's other processes: unpickling it in
+    a process makes the process know it (:func:`ensure_env` reads it there). Never printed."""
+
+    ref: str
+    key: str = field(repr=False)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (_adopt, (self.ref, self.key))
+
+
+def _adopt(ref: str, key: str) -> CopyName:
+    _copy_names.setdefault(ref, key)
+    return CopyName(ref, key)
+
+
+def carried() -> CopyName | None:
+    """What a process of this job hands on so the receiver can read the job's secrets: put it in
+    anything pickled to another process of the job that holds no spec part (a Ray Train callback).
+    None outside a job with staged secrets (the Airflow side, a warm actor between calls)."""
+    ref = os.environ.get(SECRET_REF_ENV)
+    key = _copy_names.get(ref) if ref else None
+    return CopyName(ref, key) if ref and key else None
 
 
 def take() -> dict[str, str]:
@@ -76,7 +107,8 @@ def take() -> dict[str, str]:
         )
     kv._internal_kv_del(ref)
     _export(blob)
-    key = copy_key(ref)
+    key = f"gcs://{COPY_PREFIX}{random_tokens.token_hex(24)}.zip"
+    _copy_names[ref] = key
     kv._internal_kv_put(key, blob)
     _renew(key)
     _copies.append(key)
@@ -90,7 +122,8 @@ def ensure_env() -> None:
     """In any process of the job: make sure the job's secrets are in this process's environment.
 
     A no-op outside a job that has staged secrets (the Airflow side, a job run by hand with its
-    secrets in the environment) and once done. Needs a connected Ray worker (any task or actor).
+    secrets in the environment) and once done. Needs a connected Ray worker (any task or actor) that
+    was handed the copy's name: a spec part, or :func:`carried`, sent by the driver.
     """
     ref = os.environ.get(SECRET_REF_ENV)
     if not ref or ref in _taken:
@@ -101,11 +134,17 @@ def ensure_env() -> None:
         return  # the driver before take(): take() is what exports them there
     from ray.experimental import internal_kv
 
-    blob = internal_kv._internal_kv_get(copy_key(ref))
+    key = _copy_names.get(ref)
+    if key is None:
+        raise SecretsUnavailableError(
+            "This process of the job was not handed the name of the job's secret copy: send it a spec "
+            "part, or emr_ray.cluster.secrets.carried(), from the driver (the name never travels in a "
+            "runtime_env)."
+        )
+    blob = internal_kv._internal_kv_get(key)
     if blob is None:
         raise SecretsUnavailableError(
-            f"This job's secrets are gone ({copy_key(ref)}): its driver has exited or stopped renewing "
-            "them. Retry the task."
+            "This job's secrets are gone: its driver has exited or stopped renewing them. Retry the task."
         )
     _export(blob)
     _taken[ref] = blob.decode()

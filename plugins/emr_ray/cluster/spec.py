@@ -38,7 +38,14 @@ class SpecError(ValueError):
 
 
 class SpecPart:
-    """JSON round trip shared by every part of a spec: ``to_dict()`` and ``from_dict()``."""
+    """JSON round trip shared by every part of a spec: ``to_dict()`` and ``from_dict()``.
+
+    Pickled (sent by a job's driver to its workers), a part carries the name of the job's secret copy
+    along (:func:`emr_ray.cluster.secrets.carried`); JSON never does.
+    """
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_unpickle_part, (type(self), dict(self.__dict__), secrets.carried()))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -66,6 +73,13 @@ class SpecPart:
                 value = hint.from_dict(value)
             values[key] = value
         return cls(**values)
+
+
+def _unpickle_part(cls: type[S], state: dict[str, Any], carried: secrets.CopyName | None) -> S:
+    """Rebuild a pickled part as it was (no validation again); unpickling ``carried`` adopted the name."""
+    part = object.__new__(cls)
+    part.__dict__.update(state)
+    return part
 
 
 def _part_type(hint: Any) -> type[SpecPart] | None:

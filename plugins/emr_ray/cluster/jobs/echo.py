@@ -43,7 +43,7 @@ def _digests(names: list[str]) -> dict[str, str | None]:
     return {n: hashlib.sha256(os.environ[n].encode()).hexdigest() if n in os.environ else None for n in names}
 
 
-def _probe(names: list[str]) -> dict[str, dict[str, str | None]]:
+def _probe(names: list[str]) -> dict[str, Any]:
     import ray
 
     from emr_ray.cluster import secrets
@@ -51,11 +51,13 @@ def _probe(names: list[str]) -> dict[str, dict[str, str | None]]:
     ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
 
     @ray.remote(num_cpus=0)
-    def in_a_worker() -> dict[str, str | None]:
-        secrets.ensure_env()
+    def in_a_worker(handed: secrets.CopyName | None) -> dict[str, str | None]:
+        secrets.ensure_env()  # unpickling ``handed`` told this process the copy's name
         return _digests(names)
 
-    return {"driver": _digests(names), "worker": ray.get(in_a_worker.remote())}
+    handed = secrets.carried()
+    digests = {"driver": _digests(names), "worker": ray.get(in_a_worker.remote(handed))}
+    return {**digests, "copy": hashlib.sha256(handed.key.encode()).hexdigest() if handed else None}
 
 
 def _spread(count: int) -> list[str]:

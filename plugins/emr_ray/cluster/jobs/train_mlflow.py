@@ -199,10 +199,14 @@ def epoch_callback(tracking_uri: str, mlflow_run_id: str, epochs: int):
     from ray.train import UserCallback
 
     class EpochLogger(UserCallback):
+        secrets: secrets.CopyName | None = None
+
         def after_report(self, run_context, metrics, checkpoint):
             log_epoch(tracking_uri, mlflow_run_id, epochs, metrics[0])
 
-    return EpochLogger()
+    logger = EpochLogger()
+    logger.secrets = secrets.carried()  # pickled to the controller with it: where the secrets are
+    return logger
 
 
 def log_epoch(tracking_uri: str, mlflow_run_id: str, epochs: int, metrics: dict[str, Any]) -> None:
