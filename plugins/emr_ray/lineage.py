@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from emr_ray.cluster import partitions, storage
+from emr_ray.cluster.results import SparkResult, TrainResult
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -129,14 +130,14 @@ def collect(log: logging.Logger | Any, task_id: str, build: Callable[[], Operato
 def spark_lineage(
     *,
     input_uri: str,
-    result: Mapping[str, Any] | None,
+    result: SparkResult | None,
     manifest: Mapping[str, Any] | None = None,
     submission_id: str | None = None,
 ) -> OperatorLineage:
     """The Spark step: the raw partition in; out, each output of the generation it committed.
 
     :param input_uri: the input partition (``<input_uri>/dt=<partition>``), used when ``result`` is None.
-    :param result: the task's XCom (``input_uri``, ``rows_in``, ``generation``, ``outputs``, ``rows_out``);
+    :param result: the task's result (``input_uri``, ``rows_in``, ``generation``, ``outputs``, ``rows_out``);
         None when the task failed (then only the input is reported).
     :param manifest: the committed generation's manifest, for schemas, file counts and sizes (optional).
     :param submission_id: the Ray job's submission id (an ``externalQuery`` run facet).
@@ -152,22 +153,21 @@ def spark_lineage(
     )
     from openlineage.client.generated.symlinks_dataset import Identifier, SymlinksDatasetFacet
 
-    result = result or {}
     manifest = manifest or {}
-    source = dataset_id(str(result.get("input_uri") or input_uri))
+    source = dataset_id(str(result.input_uri if result else input_uri))
     input_files = manifest.get("input_files") or []
     read = InputStatisticsInputDatasetFacet(
-        rowCount=_int(result.get("rows_in")),
+        rowCount=_int(result.rows_in if result else None),
         size=sum(int(size) for _, size in input_files) if input_files else None,
         fileCount=len(input_files) if input_files else None,
     )
     inputs = [InputDataset(source.namespace, source.name, inputFacets=_present({"inputStatistics": read}))]
 
     outputs = []
-    generation = result.get("generation")
+    generation = result.generation if result else None
     described = manifest.get("outputs") or {}
-    rows_out = result.get("rows_out") or {}
-    for output, uri in sorted((result.get("outputs") or {}).items()):
+    rows_out = (result.rows_out if result else None) or {}
+    for output, uri in sorted(((result.outputs if result else None) or {}).items()):
         target = dataset_id(str(uri))
         entry = described.get(output) or {}
         files = entry.get("files") or []
@@ -176,8 +176,8 @@ def spark_lineage(
             facets["schema"] = schema
         if generation:
             facets["version"] = DatasetVersionDatasetFacet(datasetVersion=str(generation))
-        if result.get("output_uri"):
-            partition = dataset_id(str(result["output_uri"]))
+        if result and result.output_uri:
+            partition = dataset_id(result.output_uri)
             facets["symlinks"] = SymlinksDatasetFacet(
                 identifiers=[Identifier(partition.namespace, partition.name, "PARTITION")]
             )
@@ -200,7 +200,7 @@ def spark_lineage(
 def train_lineage(
     *,
     datasets: Mapping[str, str],
-    result: Mapping[str, Any] | None,
+    result: TrainResult | None,
     tracking_uri: str | None,
     artifact_path: str = "model",
     submission_id: str | None = None,
@@ -209,7 +209,7 @@ def train_lineage(
     logged (``runs:/<run id>/model``) and its checkpoints.
 
     :param datasets: the rendered ``datasets`` argument (name -> URI of a committed generation's output).
-    :param result: the task's XCom (``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``); None when
+    :param result: the task's result (``mlflow_run_id``, ``checkpoint_uri``, ``final_metrics``); None when
         the task failed (then only the inputs are reported).
     :param tracking_uri: the MLflow tracking URI the job logged to.
     :param artifact_path: the name the job logs the model under.
@@ -230,17 +230,16 @@ def train_lineage(
             facets["version"] = DatasetVersionDatasetFacet(datasetVersion=parts[1])
         inputs.append(InputDataset(source.namespace, source.name, facets=facets))
 
-    result = result or {}
     outputs = []
     run_facets: dict[str, Any] = _ray_job_facet(submission_id)
-    run_id = result.get("mlflow_run_id")
-    if run_id and tracking_uri:
+    run_id = result.mlflow_run_id if result else None
+    if result and run_id and tracking_uri:
         model = run_model_id(tracking_uri, str(run_id), artifact_path)
-        metrics = {k: v for k, v in (result.get("final_metrics") or {}).items() if _is_number(v)}
+        metrics = {k: v for k, v in result.final_metrics.items() if _is_number(v)}
         tags = {"mlflow.run_id": str(run_id)} | {f"metric.{k}": f"{v:g}" for k, v in sorted(metrics.items())}
         outputs.append(OutputDataset(model.namespace, model.name, facets=_model_facets(str(run_id), tags)))
         run_facets["externalQuery"] = ExternalQueryRunFacet(externalQueryId=str(run_id), source="mlflow")
-    if checkpoint := result.get("checkpoint_uri"):
+    if checkpoint := (result.checkpoint_uri if result else None):
         try:
             target = dataset_id(str(checkpoint))
         except storage.StorageError:

@@ -24,6 +24,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from emr_ray.cluster.results import JobResult, SparkResult, TrainResult
+
 PREFIX = "receipt."
 #: the Airflow Variable with the price table (JSON)
 PRICES_VARIABLE = "emr_ray_prices"
@@ -41,17 +43,18 @@ def tags(results: Mapping[str, Any], prices: Mapping[str, Any] | None = None) ->
         out[PREFIX + "gpu_seconds"] = f"{gpu:.1f}"
         if (cost := priced(cpu, gpu, prices)) is not None:
             out[PREFIX + "cost"], out[PREFIX + "currency"] = f"{cost[0]:.4f}", cost[1]
-    for result in results.values():
-        if not isinstance(result, Mapping):
+    for raw in results.values():
+        job = JobResult.read(raw)
+        if job is None:
             continue
-        if result.get("code_version"):
-            out[PREFIX + "code_version"] = str(result["code_version"])
-        if isinstance(result.get("versions"), Mapping):
-            out[PREFIX + "versions"] = " ".join(f"{k}={v}" for k, v in sorted(result["versions"].items()))
-        if result.get("inputs_fingerprint"):
-            out[PREFIX + "inputs"] = str(result["inputs_fingerprint"])
-        if result.get("raw_input"):
-            out[PREFIX + "raw_input"] = str(result["raw_input"])
+        if job.code_version:
+            out[PREFIX + "code_version"] = job.code_version
+        if isinstance(job.versions, Mapping):
+            out[PREFIX + "versions"] = " ".join(f"{k}={v}" for k, v in sorted(job.versions.items()))
+        if (trained := TrainResult.read(raw)) and trained.inputs_fingerprint:
+            out[PREFIX + "inputs"] = trained.inputs_fingerprint
+        if (preprocessed := SparkResult.read(raw)) and preprocessed.raw_input:
+            out[PREFIX + "raw_input"] = preprocessed.raw_input
     return out
 
 
@@ -85,14 +88,15 @@ def parse_prices(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _figures(result: Any) -> dict[str, float] | None:
-    usage = result.get("usage") if isinstance(result, Mapping) else None
-    if not isinstance(usage, Mapping) or "wall_seconds" not in usage:
+    job = JobResult.read(result)
+    usage = job.usage if job else None
+    if usage is None or not usage.measured:
         return None
-    idle = usage.get("pool_idle") or {}
+    idle = usage.pool_idle
     return {
-        "wall_seconds": float(usage.get("wall_seconds") or 0.0),
-        "cpu_seconds": float(usage.get("cpu_seconds_reserved") or 0.0),
-        "gpu_seconds": float(usage.get("gpu_seconds_reserved") or 0.0),
-        "pool_idle_cpu_seconds": float(idle.get("cpu_seconds") or 0.0),
-        "pool_idle_gpu_seconds": float(idle.get("gpu_seconds") or 0.0),
+        "wall_seconds": float(usage.wall_seconds or 0.0),
+        "cpu_seconds": float(usage.cpu_seconds_reserved or 0.0),
+        "gpu_seconds": float(usage.gpu_seconds_reserved or 0.0),
+        "pool_idle_cpu_seconds": float(idle.cpu_seconds if idle else 0.0),
+        "pool_idle_gpu_seconds": float(idle.gpu_seconds if idle else 0.0),
     }

@@ -7,6 +7,7 @@ The same lineage from a real ``airflow dags test`` run, through the provider's f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -14,6 +15,7 @@ import pytest
 
 from emr_ray import lineage
 from emr_ray.cluster import storage
+from emr_ray.cluster.results import SparkResult, TrainResult
 from emr_ray.lineage import DatasetId
 
 BUCKET = "emr-ray-demo-1250000000"
@@ -91,16 +93,15 @@ def _ids(datasets) -> list[DatasetId]:
     return [DatasetId(d.namespace, d.name) for d in datasets]
 
 
-SPARK_RESULT = {
-    "partition": "2026-11-30",
-    "input_uri": f"cos://{BUCKET}/raw/dt=2026-11-30",
-    "output_uri": "file:///srv/staging/tabular/dt=2026-11-30",
-    "generation": GENERATION,
-    "superseded_by": None,
-    "rows_in": 100,
-    "rows_out": {"train": 80, "test": 20},
-    "outputs": {"train": f"{STAGED}/train", "test": f"{STAGED}/test"},
-}
+SPARK_RESULT = SparkResult(
+    partition="2026-11-30",
+    input_uri=f"cos://{BUCKET}/raw/dt=2026-11-30",
+    output_uri="file:///srv/staging/tabular/dt=2026-11-30",
+    generation=GENERATION,
+    rows_in=100,
+    rows_out={"train": 80, "test": 20},
+    outputs={"train": f"{STAGED}/train", "test": f"{STAGED}/test"},
+)
 MANIFEST = {
     "input_files": [[f"{BUCKET}/raw/dt=2026-11-30/part-0.parquet", 1000],
                     [f"{BUCKET}/raw/dt=2026-11-30/part-1.parquet", 500]],
@@ -110,6 +111,12 @@ MANIFEST = {
         for name, rows in (("train", 80), ("test", 20))
     },
 }  # fmt: skip
+
+
+def trained(run_id: str, **fields) -> TrainResult:
+    """A training's result with what lineage reads (its run, checkpoint and metrics)."""
+    defaults = {"tracking_uri": "http://ml:5000", "run_name": "r", "checkpoint_uri": "", "final_metrics": {}}
+    return TrainResult(mlflow_run_id=run_id, **(defaults | fields))
 
 
 def test_spark_lineage_reads_the_raw_partition_and_writes_the_committed_generation():
@@ -151,7 +158,10 @@ def test_spark_lineage_without_a_manifest_still_has_row_counts_and_without_a_res
     failed = lineage.spark_lineage(input_uri=f"cos://{BUCKET}/raw/dt=2026-11-30", result=None)
     assert _ids(failed.inputs) == [DatasetId(f"cos://{BUCKET}", "raw/dt=2026-11-30")] and failed.outputs == []
     dry = lineage.spark_lineage(
-        input_uri="unused", result={"input_uri": SPARK_RESULT["input_uri"], "rows_in": 7}
+        input_uri="unused",
+        result=SparkResult(
+            partition="2026-11-30", input_uri=SPARK_RESULT.input_uri, rows_in=7, validated=True
+        ),
     )
     assert dry.outputs == [] and dry.inputs[0].inputFacets["inputStatistics"].rowCount == 7
 
@@ -159,10 +169,10 @@ def test_spark_lineage_without_a_manifest_still_has_row_counts_and_without_a_res
 def test_training_reads_what_preprocessing_wrote_and_writes_its_runs_model():
     _ol()
     spark = lineage.spark_lineage(input_uri="unused", result=SPARK_RESULT)
-    result = {"mlflow_run_id": "run42", "checkpoint_uri": "file:///ck/checkpoints/d/r/train",
-              "final_metrics": {"test_accuracy": 0.93, "test_loss": 0.2, "note": "x"}}  # fmt: skip
+    result = trained("run42", checkpoint_uri="file:///ck/checkpoints/d/r/train",
+                     final_metrics={"test_accuracy": 0.93, "test_loss": 0.2, "note": "x"})  # fmt: skip
     ol = lineage.train_lineage(
-        datasets=SPARK_RESULT["outputs"],
+        datasets=SPARK_RESULT.outputs or {},
         result=result,
         tracking_uri="https://u:pw@ml:5000",
         submission_id="s",
@@ -193,9 +203,7 @@ def test_registration_reads_the_runs_model_and_writes_the_version_with_its_alias
         run_id="run42", artifact_path="model", tracking_uri="http://ml:5000", registry_uri="http://ml:5000",
         result=result,
     )  # fmt: skip
-    train = lineage.train_lineage(
-        datasets={}, result={"mlflow_run_id": "run42"}, tracking_uri="http://ml:5000"
-    )
+    train = lineage.train_lineage(datasets={}, result=trained("run42"), tracking_uri="http://ml:5000")
     assert _ids(ol.inputs) == _ids(train.outputs) == [DatasetId("mlflow://ml:5000", "runs:/run42/model")]
     assert _ids(ol.outputs) == [DatasetId("mlflow://ml:5000", "models:/tabular-mlp/3")]
     version = json.loads(serde.to_json(ol.outputs[0]))["facets"]
@@ -220,7 +228,7 @@ def test_no_secret_of_the_uris_reaches_any_facet():
     uri = "https://admin:hunter2@ml.example.com/?token=hunter2"
     events = [
         lineage.train_lineage(datasets={"train": f"cos://AKID:hunter2@{BUCKET}/s/x"},
-                              result={"mlflow_run_id": "r"}, tracking_uri=uri),
+                              result=trained("r"), tracking_uri=uri),
         lineage.register_lineage(run_id="r", artifact_path="model", tracking_uri=uri, registry_uri=uri,
                                  result={"model_name": "m", "version": 1, "aliases": ["champion"]}),
     ]  # fmt: skip
@@ -286,7 +294,9 @@ def test_a_spark_task_that_failed_reports_its_input_and_a_manifest_it_cannot_rea
                             output_uri="file:///nonexistent/staging", partition="2026-11-30")  # fmt: skip
     failed = op.get_openlineage_facets_on_complete(None)
     assert _ids(failed.inputs) == [DatasetId(f"cos://{BUCKET}", "raw/dt=2026-11-30")] and failed.outputs == []
-    op._lineage_result = {**SPARK_RESULT, "output_uri": "file:///nonexistent/staging/dt=2026-11-30"}
+    op._lineage_result = dataclasses.replace(
+        SPARK_RESULT, output_uri="file:///nonexistent/staging/dt=2026-11-30"
+    )
     done = op.get_openlineage_facets_on_complete(None)
     assert len(done.outputs) == 2 and all("schema" not in o.facets for o in done.outputs)
     assert "could not read the manifest" in capsys.readouterr().out  # the task logger writes to stdout

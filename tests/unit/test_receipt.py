@@ -9,7 +9,12 @@ import pytest
 
 from emr_ray import receipt
 
+#: the upstream tasks' XComs, as the Ray operators push them (emr_ray.cluster.results' JSON)
 PREPROCESS = {
+    "partition": "2026-12-04",
+    "input_uri": "cos://bucket/raw/dt=2026-12-04",
+    "rows_in": 100,
+    "output_uri": "cos://bucket/staged/dt=2026-12-04",
     "generation": "g1",
     "raw_input": "3 files, 81,234 bytes, _SUCCESS of 2026-12-04T10:00:00+00:00, listing 1a2b3c4d5e6f",
     "code_version": "0.9.0+aaaa",
@@ -19,6 +24,10 @@ PREPROCESS = {
 }  # fmt: skip
 TRAIN = {
     "mlflow_run_id": "r1",
+    "tracking_uri": "http://127.0.0.1:5000",
+    "run_name": "tabular",
+    "checkpoint_uri": "file:///ck/tabular/best",
+    "final_metrics": {"test_loss": 0.3},
     "code_version": "0.9.0+aaaa",
     "versions": {"python": "3.11.7", "ray": "2.60.0", "torch": "2.13.0"},
     "inputs_fingerprint": "f" * 16,

@@ -12,10 +12,11 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, conf
 
+from emr_ray.cluster.results import JobResult, Usage
 from emr_ray.cluster.reuse import (
     DIGEST_KEY,
     EXTERNAL_KEY,
@@ -169,6 +170,8 @@ class RayJobOperator(BaseOperator):
     template_fields_renderers = {"spec": "json", "runtime_env": "json"}
     operator_extra_links = (RayJobLink(),)
     job_module = "emr_ray.cluster.jobs.echo"
+    #: the type of the job's result (:mod:`emr_ray.cluster.results`); None: a dict (a job of your own)
+    result_type: ClassVar[type[JobResult] | None] = None
 
     def __init__(
         self,
@@ -358,7 +361,7 @@ class RayJobOperator(BaseOperator):
         never the data. This base class's jobs read nothing from outside."""
         return {}
 
-    def stale_result(self, spec: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+    def stale_result(self, spec: Mapping[str, Any], result: Any) -> str | None:
         """Why the result of an earlier try's finished job no longer stands, or None: checked before
         that job is reused (same spec digest, same external inputs). Subclasses check what the result
         points at (the generation a preprocessing committed, the champion a training compared with)."""
@@ -414,7 +417,7 @@ class RayJobOperator(BaseOperator):
             event = interpret_job(submission_id, dict(job), self.hook.get_job_logs(submission_id, job))
             if event["status"] != "success":
                 return f"its result cannot be read ({event['message']})"
-            return self.stale_result(spec, event["result"])
+            return self.stale_result(spec, self.read_result(event["result"]))
         except Exception as e:
             return f"its result could not be checked ({type(e).__name__}: {e})"
 
@@ -568,10 +571,11 @@ class RayJobOperator(BaseOperator):
         submission_id = event["submission_id"]
         self.log.info("Ray job %s ended %s", submission_id, event.get("job_status"))
         if event["status"] == "success":
-            self._lineage_result = event["result"]  # both wait paths end here: what lineage reports
-            self.report_usage(event["result"])
-            self.log_outcome(event["result"])
-            return event["result"]
+            result = self.finished(self.read_result(event["result"]), submission_id)
+            self._lineage_result = result  # both wait paths end here: what lineage reports
+            self.report_usage(result)
+            self.log_outcome(result)
+            return result.to_dict() if isinstance(result, JobResult) else result
         reason = event.get("reason")
         message = (
             f"Ray job {submission_id} {event.get('message')}\nFull log: {self.hook.job_url(submission_id)}"
@@ -602,15 +606,35 @@ class RayJobOperator(BaseOperator):
             raise error(message)
         raise RayJobFailedError(message)
 
-    def report_usage(self, result: Mapping[str, Any]) -> None:
+    def read_result(self, raw: Any) -> Any:
+        """The job's result as :attr:`result_type` (:mod:`emr_ray.cluster.results`), as it is read
+        where it arrives; a job of :attr:`result_type` None returns its dict as it is. A result this
+        side cannot read means the two sides run different code: no retry fixes that."""
+        if self.result_type is None:
+            return raw
+        try:
+            return self.result_type.from_dict(raw)
+        except ValueError as e:  # SpecError
+            raise RayJobInputError(f"Task {self.task_id}: the job's result cannot be read: {e}") from e
+
+    def finished(self, result: Any, submission_id: str) -> Any:
+        """The result to push (typed, or the job's dict): subclasses add what the Airflow side knows."""
+        return result
+
+    def report_usage(self, result: Any) -> None:
         """Log what the job used (its result's ``usage``, which the XCom carries too: see
         :mod:`emr_ray.cluster.jobs._usage`); subclasses also record it where their results go."""
         from emr_ray.cluster.jobs._usage import summary
 
-        if isinstance(result, Mapping) and isinstance(result.get("usage"), Mapping):
-            self.log.info("Used: %s", summary(result["usage"]))
+        usage = (
+            result.usage
+            if isinstance(result, JobResult)
+            else Usage.read(result.get("usage") if isinstance(result, Mapping) else None)
+        )
+        if usage is not None:
+            self.log.info("Used: %s", summary(usage))
 
-    def log_outcome(self, result: Mapping[str, Any]) -> None:
+    def log_outcome(self, result: Any) -> None:
         """Log what a successful job produced; subclasses say what matters in their results (both wait
         paths, polling and deferred, end in :meth:`_finish`, which calls this)."""
 

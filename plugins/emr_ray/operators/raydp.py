@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -9,6 +10,7 @@ from typing import Any
 
 from emr_ray import lineage
 from emr_ray.cluster import storage
+from emr_ray.cluster.results import SparkResult
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
@@ -75,6 +77,7 @@ class RayDPSparkOperator(RayJobOperator):
         "spark_configs": "json",
     }
     job_module = "emr_ray.cluster.jobs.spark"
+    result_type = SparkResult
     ui_color = "#fde8d0"
 
     def __init__(
@@ -152,35 +155,34 @@ class RayDPSparkOperator(RayJobOperator):
 
         def build() -> Any:
             input_uri = storage.join(str(self.input_uri), f"dt={self.partition}")
-            manifest = self._lineage_manifest(result) if result and result.get("generation") else None
+            manifest = self._lineage_manifest(result) if result and result.committed else None
             return lineage.spark_lineage(
                 input_uri=input_uri, result=result, manifest=manifest, submission_id=self._submission_id
             )
 
         return lineage.collect(self.log, self.task_id, build)
 
-    def _lineage_manifest(self, result: dict[str, Any]) -> dict[str, Any] | None:
+    def _lineage_manifest(self, result: SparkResult) -> dict[str, Any] | None:
         """The committed generation's manifest (schemas, files), or None (logged) when it cannot be read."""
         from emr_ray.cluster import partitions
 
-        uri = str(result["output_uri"])
+        uri = str(result.output_uri)
         try:
             options = self._storage_options(uri)
-            return dict(partitions.pinned(uri, str(result["generation"]), options).manifest)
+            return dict(partitions.pinned(uri, str(result.generation), options).manifest)
         except Exception as e:
             self.log.warning("Lineage without schemas and file counts: could not read the manifest of "
-                             "generation %s of %s (%s)", result["generation"], uri, e)  # fmt: skip
+                             "generation %s of %s (%s)", result.generation, uri, e)  # fmt: skip
             return None
 
-    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
+    def finished(self, result: SparkResult, submission_id: str) -> SparkResult:
         """The job's result, with ``raw_input``: the raw partition's identity its job was submitted for
         (its metadata, so a reattached try reports what that job read). The model version records it
         (:mod:`emr_ray.receipt`); a duplicate arrival of the same listing then runs nothing
         (:mod:`emr_ray.arrivals`)."""
-        result = super()._finish(event)
-        if isinstance(result, dict) and "raw_input" not in result:
-            result["raw_input"] = self._raw_input(event["submission_id"])
-        return result
+        if result.raw_input is not None:
+            return result
+        return dataclasses.replace(result, raw_input=self._raw_input(submission_id))
 
     def _raw_input(self, submission_id: str) -> str | None:
         import json
@@ -210,19 +212,19 @@ class RayDPSparkOperator(RayJobOperator):
             return {f"the raw partition {uri}": partition_identity(uri, cos_hook=COSHook(self.cos_conn_id))}
         return {f"the raw partition {uri}": partition_identity(uri, options=self._storage_options(uri))}
 
-    def stale_result(self, spec: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+    def stale_result(self, spec: Mapping[str, Any], result: SparkResult) -> str | None:
         """A finished preprocessing is reused only while the generation it committed is still whole
         (committed, every file of its manifest there): reusing a pruned one hands the training a
         generation it cannot read."""
         from emr_ray.cluster import partitions
 
-        if not result.get("generation"):
+        if not result.committed:
             return None  # a dry run (validate_only) commits nothing
-        uri, generation = str(result["output_uri"]), str(result["generation"])
+        uri, generation = str(result.output_uri), str(result.generation)
         options = self._storage_options(uri)
         try:
             committed = partitions.pinned(uri, generation, options)
-            for output in result.get("outputs") or committed.outputs:
+            for output in result.outputs or committed.outputs:
                 partitions.dataset_files(committed, output, options)
         except storage.StorageError as e:
             return f"the generation {generation} it committed is gone or incomplete ({e})"

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from emr_ray.cluster.results import RLlibResult
 from emr_ray.cluster.spec import RLlibJobSpec
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.mlflow_job import MLflowJobOperator
@@ -59,6 +60,7 @@ class RLlibTrainOperator(MLflowJobOperator):
         "model_config": "json",
     }
     job_module = "emr_ray.cluster.jobs.rllib"
+    result_type = RLlibResult
     ui_color = "#e3f0e8"
 
     def __init__(
@@ -116,17 +118,17 @@ class RLlibTrainOperator(MLflowJobOperator):
             evaluation_episodes=int(self.evaluation_episodes),
         )
 
-    def log_outcome(self, result: Mapping[str, Any]) -> None:
-        final = result.get("final_metrics", {})
+    def log_outcome(self, result: RLlibResult) -> None:
+        final = result.final_metrics
         for metric in ("episode_return_mean", "eval_episode_return_mean"):
             if metric in final:
                 self.log.info("Final %s: %.2f", metric, final[metric])
         self.log.info(
             "Trained iterations %d to %d; MLflow run %s, checkpoint %s",
-            int(result.get("start_iteration", 0)) + 1,
-            result.get("iterations_completed"),
-            result.get("mlflow_run_id"),
-            result.get("checkpoint_uri"),
+            result.start_iteration + 1,
+            result.iterations_completed,
+            result.mlflow_run_id,
+            result.checkpoint_uri,
         )
 
 

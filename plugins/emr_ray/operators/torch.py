@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from emr_ray.cluster.results import TrainResult
 from emr_ray.cluster.spec import (
     CheckpointSpec,
     CompareSection,
@@ -82,6 +83,7 @@ class TorchTrainOperator(MLflowJobOperator):
         "datasets": "json",
     }
     job_module = "emr_ray.cluster.jobs.train"
+    result_type = TrainResult
     ui_color = "#fbe3e8"
 
     def __init__(
@@ -154,7 +156,7 @@ class TorchTrainOperator(MLflowJobOperator):
             return None
         return CompareSection(model_name=name, alias=self.compare_alias)
 
-    def stale_result(self, spec: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+    def stale_result(self, spec: Mapping[str, Any], result: TrainResult) -> str | None:
         """A finished training that compared with the champion is reused only while that champion
         still holds the alias: else the register task would refuse to promote on a comparison with
         another model, for as long as this task reattached to the same job. A new job returns the
@@ -162,7 +164,7 @@ class TorchTrainOperator(MLflowJobOperator):
         compare = spec.get("compare")
         if not compare:
             return None
-        comparison = result.get("comparison") or {}
+        comparison = result.comparison or {}
         if comparison.get("skipped"):
             return f"its comparison with {compare['model_name']}@{compare['alias']} was skipped ({comparison['skipped']})"
         then = comparison.get("champion_version")
@@ -185,14 +187,12 @@ class TorchTrainOperator(MLflowJobOperator):
                 return None
             raise
 
-    def log_outcome(self, result: Mapping[str, Any]) -> None:
+    def log_outcome(self, result: TrainResult) -> None:
         for epoch_metric in ("test_accuracy", "test_loss"):
-            if epoch_metric in result.get("final_metrics", {}):
-                self.log.info("Final %s: %.4f", epoch_metric, result["final_metrics"][epoch_metric])
-        self.log.info(
-            "MLflow run %s, best checkpoint %s", result.get("mlflow_run_id"), result.get("checkpoint_uri")
-        )
-        comparison = result.get("comparison")
+            if epoch_metric in result.final_metrics:
+                self.log.info("Final %s: %.4f", epoch_metric, result.final_metrics[epoch_metric])
+        self.log.info("MLflow run %s, best checkpoint %s", result.mlflow_run_id, result.checkpoint_uri)
+        comparison = result.comparison
         if comparison and comparison.get("skipped"):
             self.log.warning("No comparison with %s@%s: %s", comparison["model_name"], comparison["alias"],
                              comparison["skipped"])  # fmt: skip

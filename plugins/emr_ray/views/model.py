@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from emr_ray.cluster.results import JobResult, SparkResult, TrainResult, Usage
 from emr_ray.views.records import Registry, RunRecord, TaskRecord
 
 #: Airflow's run types as the view names them
@@ -158,24 +159,24 @@ class RetrainingView:
 
 
 def task_kind(result: Any) -> str | None:
-    """``"preprocess"``, ``"train"`` or ``"register"`` from the shape of a task's returned XCom."""
+    """``"preprocess"``, ``"train"`` or ``"register"`` from what a task returned (its XCom, of any age)."""
     if not isinstance(result, Mapping):
         return None
     if "model_name" in result and "promoted" in result:
         return "register"
-    if "mlflow_run_id" in result and "final_metrics" in result:
+    if TrainResult.read(result) is not None:
         return "train"
-    if "generation" in result and "rows_in" in result:
+    if (preprocessed := SparkResult.read(result)) is not None and preprocessed.committed:
         return "preprocess"
     return None
 
 
-def run_partition(run: RunRecord, preprocess: Mapping[str, Any] | None) -> str | None:
+def run_partition(run: RunRecord, preprocess: SparkResult | None) -> str | None:
     """The partition a run processed: what its preprocessing says, else as
     :func:`emr_ray.params.run_partition` renders it (the ``partition`` param, the logical date, the
     day before a manual run without one)."""
-    if preprocess and preprocess.get("partition"):
-        return str(preprocess["partition"])
+    if preprocess and preprocess.partition:
+        return preprocess.partition
     if run.conf.get("partition"):
         return str(run.conf["partition"])
     if run.logical_date is not None:
@@ -219,9 +220,9 @@ def decision_of(register: Mapping[str, Any] | None) -> str:
     return CHALLENGER if register.get("version") is not None else NOT_REGISTERED
 
 
-def _usage(task: TaskRecord) -> Mapping[str, Any] | None:
-    usage = task.result.get("usage") if isinstance(task.result, Mapping) else None
-    return usage if isinstance(usage, Mapping) else None
+def _usage(task: TaskRecord) -> Usage | None:
+    job = JobResult.read(task.result)
+    return job.usage if job else None
 
 
 def partition_row(run: RunRecord) -> PartitionRow:
@@ -232,7 +233,7 @@ def partition_row(run: RunRecord) -> PartitionRow:
         if kind and kind not in by_kind:
             by_kind[kind] = task
     result = {kind: task.result for kind, task in by_kind.items()}
-    preprocess, register = result.get("preprocess"), result.get("register")
+    preprocess, register = SparkResult.read(result.get("preprocess")), result.get("register")
     notes: list[str] = []
     cpu_by_task: dict[str, float] = {}
     gpu = 0.0
@@ -242,13 +243,13 @@ def partition_row(run: RunRecord) -> PartitionRow:
             if task_kind(task.result) in ("preprocess", "train"):
                 notes.append(f"{task.task_id}: no usage recorded")
             continue
-        cpu = _number(usage.get("cpu_seconds_reserved"))
+        cpu = _number(usage.cpu_seconds_reserved)
         if cpu is not None:
             cpu_by_task[task.task_id] = cpu
-        gpu += _number(usage.get("gpu_seconds_reserved")) or 0.0
+        gpu += _number(usage.gpu_seconds_reserved) or 0.0
     if register is None and run.state not in ("running", "queued"):
         notes.append("no registration result")
-    rows_out = (preprocess or {}).get("rows_out")
+    rows_out = preprocess.rows_out if preprocess else None
     links = tuple(
         Link(name if name != "Ray Dashboard" else f"Ray job ({task.task_id})", url)
         for task in run.tasks
@@ -261,8 +262,8 @@ def partition_row(run: RunRecord) -> PartitionRow:
         run_type=RUN_TYPES.get(run.run_type, run.run_type),
         state=run.state,
         run_after=run.run_after,
-        generation=_text((preprocess or {}).get("generation")),
-        rows_in=_int((preprocess or {}).get("rows_in")),
+        generation=preprocess.generation if preprocess else None,
+        rows_in=_int(preprocess.rows_in) if preprocess else None,
         rows_out=sum(rows_out.values()) if isinstance(rows_out, Mapping) and rows_out else None,
         model_name=_text((register or {}).get("model_name")),
         version=_text((register or {}).get("version")),

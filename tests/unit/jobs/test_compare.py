@@ -19,6 +19,7 @@ import pytest
 from emr_ray.cluster import train as emr_train
 from emr_ray.cluster.jobs import compare, shards
 from emr_ray.cluster.promotion import comparison_from_run
+from emr_ray.cluster.results import TrainResult
 from emr_ray.cluster.spec import CompareSection, MLflowSection, StorageSection, TrainJobSpec
 from include.models.tabular import build_model, evaluate
 
@@ -207,6 +208,12 @@ def test_a_champion_trained_on_other_columns_is_skipped_not_fatal(store: str, pl
     )
 
 
+def stored_result(run_id: str, checkpoint_uri: str, comparison: dict | None) -> TrainResult:
+    """A finished training's stored result, as a rerun with the same inputs reads it back."""
+    return TrainResult(mlflow_run_id=run_id, tracking_uri="file:///mlruns", run_name="run",
+                       checkpoint_uri=checkpoint_uri, final_metrics={}, comparison=comparison)  # fmt: skip
+
+
 def test_a_reused_result_is_compared_again_only_when_the_champion_changed(
     store: str, plan: dict, champion_uri: str, tmp_path: Path
 ) -> None:
@@ -218,22 +225,19 @@ def test_a_reused_result_is_compared_again_only_when_the_champion_changed(
     challenger = build_model(spec.config)
     emr_train.save_state(str(tmp_path), model=challenger, optimizer=None, epoch=0, metrics={})
     run_id = new_run(store)
-    stored = {
-        "mlflow_run_id": run_id,
-        "checkpoint_uri": tmp_path.as_uri(),
-        "comparison": compare.with_champion(spec, plan, spec.storage.options(), run_id, challenger),
-    }
+    comparison = compare.with_champion(spec, plan, spec.storage.options(), run_id, challenger)
+    stored = stored_result(run_id, tmp_path.as_uri(), comparison)
 
     def no_plan() -> dict:
         raise AssertionError("compared again although the champion did not change")
 
-    assert compare.refresh(spec, stored, no_plan, spec.storage.options()) == stored["comparison"]
+    assert compare.refresh(spec, stored, no_plan, spec.storage.options()) == stored.comparison
 
     second = register(store, "moving", champion_uri)  # another version (of the same model)
     again = compare.refresh(spec, stored, lambda: plan, spec.storage.options())
     assert again is not None and again["champion_version"] == second != first
     # the challenger rebuilt from its checkpoint scores what it scored before
-    assert again["challenger"] == pytest.approx(stored["comparison"]["challenger"])
+    assert again["challenger"] == pytest.approx(comparison["challenger"])
     assert run_data(store, run_id).tags["compare.champion_version"] == second
 
 
@@ -259,7 +263,7 @@ def test_a_reused_result_whose_checkpoint_is_gone_stands_uncompared(
 ) -> None:
     spec = spec_for(store, "champ")
     run_id = new_run(store)
-    stored = {"mlflow_run_id": run_id, "checkpoint_uri": (tmp_path / "gone").as_uri(), "comparison": None}
+    stored = stored_result(run_id, (tmp_path / "gone").as_uri(), None)
     result = compare.refresh(spec, stored, lambda: plan, spec.storage.options())
     assert result is not None and result["skipped"].startswith(
         "the stored model or its test rows cannot be read"

@@ -151,14 +151,11 @@ def test_the_result_names_the_last_checkpoint_and_where_training_started(tmp_pat
         "iteration": 5,
         "metrics": {"episode_return_mean": 200.0},
     }
-    result = job.result_of(spec, run_state, state, 3, 12.345)
-    assert result["checkpoint_uri"] == f"file://{tmp_path}/r/checkpoint_000005"
-    assert (result["start_iteration"], result["iterations_completed"], result["train_seconds"]) == (
-        3,
-        5,
-        12.35,
-    )
-    assert result["final_metrics"] == {"episode_return_mean": 200.0}
+    result = job.result_of(spec, run_state, state, 3, 12.345, {"eval_episode_return_mean": 190.0})
+    assert result.checkpoint_uri == f"file://{tmp_path}/r/checkpoint_000005"
+    assert (result.start_iteration, result.iterations_completed, result.train_seconds) == (3, 5, 12.35)
+    assert result.final_metrics == {"episode_return_mean": 200.0, "eval_episode_return_mean": 190.0}
+    assert type(result).from_dict(result.to_dict()) == result  # the XCom reads back as the same result
 
 
 # -- the policy --------------------------------------------------------------------------------------

@@ -277,6 +277,7 @@ DRIVER_SCRIPT = """
 import json, sys
 from pyarrow import fs as pafs
 from emr_ray.cluster.jobs import train, train_group, train_warm
+from emr_ray.cluster.results import PoolUse
 from emr_ray.cluster.spec import CheckpointSpec, TrainJobSpec
 from emr_ray.cluster.storage import StorageOptions
 from tests.unit.jobs.test_train_group import warm_spec, write_checkpoint
@@ -296,8 +297,8 @@ def fit_shared(*args, before, on_report, after, resume_path, **kwargs):
     for epoch in range(2):
         write_checkpoint(pafs.LocalFileSystem(), f"{tmp}/ckpt/r", tmp, epoch, 0.5 - epoch / 10)
         on_report({"metrics": {"epoch": epoch, "test_loss": 0.5 - epoch / 10}, "checkpoint": "stored"})
-    return {"name": "g", "calls": 2, "reused": True, "why": None, "start_seconds": 1.0, "idle_seconds": 3.0,
-            "age_seconds": 60.0, "described": "Warm worker group g: call 2 (warm)", "cpus": 2.0, "gpus": 0.0,
+    use = PoolUse(name="g", calls=2, reused=True, why=None, start_seconds=1.0, idle_seconds=3.0, age_seconds=60.0)
+    return {"use": use, "described": "Warm worker group g: call 2 (warm)", "cpus": 2.0, "gpus": 0.0,
             "call_started_at": 0.0, "call_ended_at": 1.0, "log": [], "after": after(rank0), "rank0": None}
 
 train_group.fit_shared = fit_shared

@@ -11,6 +11,7 @@ import pytest
 from emr_ray.cluster.jobs import _usage
 from emr_ray.cluster.jobs._runtime import main
 from emr_ray.cluster.jobs._usage import Held, Recorder
+from emr_ray.cluster.results import PoolIdle, Usage
 
 
 class Clock:
@@ -97,33 +98,34 @@ def test_peak_is_the_most_held_at_one_time():
 
 
 def test_summary_is_one_line_with_the_figures_and_what_is_missing():
-    usage = {
-        "wall_seconds": 34.24,
-        "cpu_seconds_reserved": 61.0,
-        "gpu_seconds_reserved": 0.0,
-        "actors": 3,
-        "tasks": 0,
-        "memory": {"driver_peak_rss_mb": 512.3, "reserved_peak_mb": 1024.0},
-        "phases": {"spark_start": 21.3, "commit": 0.4},
-        "missing": ["tasks (DataSourceUnavailable: GCS down)"],
-    }
+    usage = Usage(
+        wall_seconds=34.24,
+        cpu_seconds_reserved=61.0,
+        gpu_seconds_reserved=0.0,
+        actors=3,
+        tasks=0,
+        memory={"driver_peak_rss_mb": 512.3, "reserved_peak_mb": 1024.0},
+        phases={"spark_start": 21.3, "commit": 0.4},
+        missing=["tasks (DataSourceUnavailable: GCS down)"],
+    )
     line = _usage.summary(usage)
     assert "\n" not in line
     assert line.startswith("1 job, 34.2 s wall, 61.0 CPU-s and 0.0 GPU-s reserved (3 actor(s), 0 task(s))")
     assert "driver peak RSS 512 MB" in line and "peak memory reserved 1024 MB" in line
     assert "phases: spark_start 21.3 s, commit 0.4 s" in line
     assert line.endswith("not measured: tasks (DataSourceUnavailable: GCS down)")
-    assert _usage.summary({"error": "KeyError: 'x'"}) == "usage not measured (KeyError: 'x')"
+    assert _usage.summary(Usage(error="KeyError: 'x'")) == "usage not measured (KeyError: 'x')"
+    assert _usage.summary(None) == "usage not measured (the job reported none)"
 
 
 def test_mlflow_metrics_flatten_the_figures_and_phases():
-    usage = {
-        "wall_seconds": 50.0,
-        "cpu_seconds_reserved": 80.5,
-        "gpu_seconds_reserved": 0.0,
-        "memory": {"driver_peak_rss_mb": 400.0, "children_peak_rss_mb": None},
-        "phases": {"fit": 30.0, "log": 4.0},
-    }
+    usage = Usage(
+        wall_seconds=50.0,
+        cpu_seconds_reserved=80.5,
+        gpu_seconds_reserved=0.0,
+        memory={"driver_peak_rss_mb": 400.0, "children_peak_rss_mb": None},
+        phases={"fit": 30.0, "log": 4.0},
+    )
     assert _usage.mlflow_metrics(usage) == {
         "usage.wall_seconds": 50.0,
         "usage.cpu_seconds_reserved": 80.5,
@@ -132,15 +134,15 @@ def test_mlflow_metrics_flatten_the_figures_and_phases():
         "usage.phase.fit_seconds": 30.0,
         "usage.phase.log_seconds": 4.0,
     }
-    assert _usage.mlflow_metrics({"error": "no figures"}) == {}
+    assert _usage.mlflow_metrics(Usage(error="no figures")) == {}
 
 
 def test_report_without_a_ray_connection_has_wall_time_phases_and_the_drivers_memory():
     recorder = _usage.start()
     _usage.lap("work")
-    usage = _usage.report(recorder)
+    usage = _usage.report(recorder).to_dict()  # as the result's JSON carries it
     assert usage["cpu_seconds_reserved"] == 0.0 and usage["actors"] == 0 and usage["tasks"] == 0
-    assert usage["missing"] == []
+    assert usage["missing"] == [] and "error" not in usage and "pool_idle" not in usage
     assert set(usage["phases"]) == {"startup", "work"}  # startup: this process's start to start()
     assert usage["wall_seconds"] >= usage["phases"]["startup"] > 0
     assert usage["ended_at"] > usage["started_at"] and 0 <= usage["measuring_seconds"] < 1
@@ -153,12 +155,12 @@ def test_a_warm_pools_idle_time_before_a_call_is_counted_apart_from_what_the_job
     recorder = _usage.start()
     _usage.borrow("actor", "SharedTrainWorkers", {"CPU": 2.0, "GPU": 1.0}, 1000.0, 1010.0, idle_before=30.0)
     usage = _usage.report(recorder)
-    assert usage["pool_idle"] == {"seconds": 30.0, "cpu_seconds": 60.0, "gpu_seconds": 30.0}
-    assert usage["cpu_seconds_reserved"] == 20.0  # the call itself, as before
+    assert usage.pool_idle == PoolIdle(seconds=30.0, cpu_seconds=60.0, gpu_seconds=30.0)
+    assert usage.cpu_seconds_reserved == 20.0  # the call itself, as before
     assert "warm pools idle before its calls 30 s (60.0 CPU-s, 30.0 GPU-s)" in _usage.summary(usage)
     assert _usage.mlflow_metrics(usage)["usage.pool_idle_cpu_seconds"] == 60.0
     _usage.start()
-    assert "pool_idle" not in _usage.report()
+    assert _usage.report().pool_idle is None
 
 
 def test_report_never_raises_and_says_what_failed():
@@ -172,7 +174,7 @@ def test_report_never_raises_and_says_what_failed():
             return self.now
 
     usage = _usage.report(Recorder(BrokenClock()))
-    assert usage == {"error": "OSError: clock gone", "phases": {}}
+    assert usage.to_dict() == {"error": "OSError: clock gone", "phases": {}}
 
 
 def test_every_job_result_carries_usage(capsys, tmp_path):
@@ -193,7 +195,7 @@ def test_what_a_job_borrowed_from_a_shared_session_counts_as_its_own_reservation
     recorder = _usage.start()
     _usage.borrow("actor", "SharedSparkExecutors", {"CPU": 2.0}, 1000.0, 1003.5)
     usage = _usage.report(recorder)
-    assert usage["held"]["actor:SharedSparkExecutors"] == {"count": 1, "seconds": 3.5, "cpu_seconds": 7.0}
-    assert usage["cpu_seconds_reserved"] == 7.0
+    assert usage.held["actor:SharedSparkExecutors"] == {"count": 1, "seconds": 3.5, "cpu_seconds": 7.0}
+    assert usage.cpu_seconds_reserved == 7.0
     _usage.start()  # the next job starts with nothing borrowed
-    assert _usage.report()["cpu_seconds_reserved"] == 0.0
+    assert _usage.report().cpu_seconds_reserved == 0.0

@@ -299,7 +299,7 @@ def test_a_job_holds_a_free_replicas_lease_for_its_block_and_its_own_errors_leav
     with warm_actor.lease(Pool, KEY, 2.0, (), {}) as again:
         assert again.name == got.name and again.info["calls"] == 1
     assert again.reused and again.why is None
-    assert again.figures()["reused"] and set(again.figures()) == set(warm_actor.JOB_FIGURES)
+    assert again.use().reused and again.use().name == got.name and again.use().why is None
     assert "(warm; idle 0s before it" in again.describe("Test pool")
 
 

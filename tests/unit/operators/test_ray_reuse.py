@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from emr_ray.cluster import partitions
+from emr_ray.cluster.results import SparkResult, TrainResult
 from emr_ray.cluster.reuse import DIGEST_KEY, EXTERNAL_KEY
 from emr_ray.cluster.spec import RESULT_MARKER
 from emr_ray.identity import TaskIdentity
@@ -112,8 +113,9 @@ def commit_output(tmp_path: Path, rows: int) -> dict[str, Any]:
     """What a finished preprocessing returned: the generation it committed (really committed here)."""
     uri = f"file://{tmp_path}/staged/dt={DAY}"
     committed = partitions.write_tables(uri, {"train": pa.table({"x": list(range(rows))})}, {})
-    return {"output_uri": uri, "generation": committed.generation, "outputs": {"train": committed.output_uri("train")},
-            "rows_in": rows}  # fmt: skip
+    return SparkResult(partition=DAY, input_uri=f"file://{tmp_path}/raw/dt={DAY}", output_uri=uri,
+                       generation=committed.generation, outputs={"train": committed.output_uri("train")},
+                       rows_in=rows).to_dict()  # fmt: skip
 
 
 # -- preprocessing: the raw partition and the generation it committed -----------------------------
@@ -336,11 +338,14 @@ def train_try(api: FakeJobsApi, champion: dict[str, str] | None, try_number: int
     return run_try(op, api, TRAIN_SPEC, try_number)
 
 
+def trained(comparison: dict[str, Any]) -> dict[str, Any]:
+    """What a finished training returned (its XCom), with this comparison."""
+    return TrainResult(mlflow_run_id="r1", tracking_uri="file:///mlruns", run_name="train",
+                       checkpoint_uri="file:///ckpt/train/best", final_metrics={}, comparison=comparison).to_dict()  # fmt: skip
+
+
 def compared(version: str | None) -> dict[str, Any]:
-    return {
-        "mlflow_run_id": "r1",
-        "comparison": {"model_name": "m", "alias": "champion", "champion_version": version},
-    }
+    return trained({"model_name": "m", "alias": "champion", "champion_version": version})
 
 
 def test_a_cleared_training_whose_champion_moved_runs_a_new_job_so_register_can_decide(capsys):
@@ -366,6 +371,7 @@ def test_a_training_that_found_no_champion_is_reused_while_there_still_is_none()
 def test_a_training_whose_comparison_was_skipped_compares_again_in_a_new_job():
     api = FakeJobsApi()
     first = train_try(api, {"champion": "1"}, 1)
-    api.finish(first, {"mlflow_run_id": "r1", "comparison": {"model_name": "m", "alias": "champion",
-                                                             "skipped": "the champion cannot be loaded"}})  # fmt: skip
+    api.finish(
+        first, trained({"model_name": "m", "alias": "champion", "skipped": "the champion cannot be loaded"})
+    )
     assert train_try(api, {"champion": "1"}, 2) != first

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from emr_ray.cluster.spec import CompareSection
+from emr_ray.exceptions import RayJobInputError
 from emr_ray.operators.torch import TorchTrainOperator
 
 
@@ -101,12 +102,21 @@ def test_a_finished_job_logs_its_final_metrics_run_and_comparison(capsys) -> Non
     result = {
         "final_metrics": {"test_accuracy": 0.91234, "test_loss": 0.25},
         "mlflow_run_id": "r1",
+        "tracking_uri": "http://127.0.0.1:5000",
+        "run_name": "tabular",
         "checkpoint_uri": "file:///ck/run/checkpoint_000004",
         "comparison": {"model_name": "tabular-mlp", "alias": "champion", "champion_version": "3",
                        "rows": 40, "champion": {"accuracy": 0.8}, "challenger": {"accuracy": 0.9}},
     }  # fmt: skip
-    assert make()._finish({"submission_id": "s1", "status": "success", "result": result}) == result
+    # the XCom keeps the job's JSON: typed on the way, the same keys out (defaults added, none lost)
+    assert (
+        make()._finish({"submission_id": "s1", "status": "success", "result": result}).items()
+        >= result.items()
+    )
     logged = capsys.readouterr().out  # the task logger writes to stdout
     assert "Final test_accuracy: 0.9123" in logged
     assert "MLflow run r1, best checkpoint file:///ck/run/checkpoint_000004" in logged
     assert "On the same 40 test rows: champion v3" in logged
+    older = {k: v for k, v in result.items() if k != "run_name"}  # a job of other code than this side's
+    with pytest.raises(RayJobInputError, match=r"lacks field\(s\) \['run_name'\].*align them"):
+        make()._finish({"submission_id": "s1", "status": "success", "result": older})

@@ -20,7 +20,14 @@ from emr_ray.views.model import (
     task_kind,
 )
 from emr_ray.views.records import Registry, RunRecord
-from tests.fixtures.retraining_runs import MODEL, register_result, run, synthetic_runs
+from tests.fixtures.retraining_runs import (
+    MODEL,
+    preprocess_result,
+    register_result,
+    run,
+    synthetic_runs,
+    train_result,
+)
 
 PROMOTING = register_result("3", True, 0.93, 0.91, "2")
 KEEPING = register_result("4", False, 0.90, 0.93, "3")
@@ -46,8 +53,14 @@ def test_a_row_holds_what_each_task_returned():
 
 def test_tasks_are_recognised_by_what_they_returned_not_by_their_ids():
     assert task_kind(PROMOTING) == "register"
-    assert task_kind({"mlflow_run_id": "x", "final_metrics": {}}) == "train"
-    assert task_kind({"generation": "g", "rows_in": 1}) == "preprocess"
+    assert task_kind(train_result("x")) == "train"
+    assert task_kind(preprocess_result("2026-11-28")) == "preprocess"
+    # an older or newer provider's result: what the view knows of it reads, the rest is ignored
+    assert task_kind(preprocess_result("2026-11-28") | {"from_a_later_version": 1}) == "preprocess"
+    dry_run = {
+        k: v for k, v in preprocess_result("2026-11-28").items() if k not in ("generation", "output_uri")
+    }
+    assert task_kind(dry_run) is None  # validate_only committed nothing: not a partition's preprocessing
     assert (
         task_kind({"ray_version": "2.60"}) is None and task_kind("text") is None and task_kind(None) is None
     )

@@ -8,6 +8,7 @@ with an error line and the traceback for anything else. The operator fails witho
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from typing import Any
 from emr_ray.cluster import mlflow_auth, secrets, storage
 from emr_ray.cluster.jobs import _usage
 from emr_ray.cluster.jobs._code import code_origin, explain_import_error, library_versions
+from emr_ray.cluster.results import JobResult
 from emr_ray.cluster.spec import ERROR_MARKER, RESULT_MARKER, SpecPart, decode_spec
 
 log = logging.getLogger("emr_ray.cluster.jobs")
@@ -36,16 +38,17 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def main(
-    run: Callable[[Any], dict[str, Any]],
+    run: Callable[[Any], JobResult | dict[str, Any]],
     argv: list[str] | None = None,
     *,
     spec_type: type[SpecPart] | None = None,
-    after: Callable[[Any, dict[str, Any]], None] | None = None,
+    after: Callable[[Any, Any], None] | None = None,
     fast_exit: bool = False,
 ) -> None:
     """Decode the spec (into ``spec_type`` when given), run, print the marked result; exit 2 on bad input.
 
-    A dict result also gets ``usage``: what the job used (:mod:`emr_ray.cluster.jobs._usage`). ``after(spec,
+    A typed result (:mod:`emr_ray.cluster.results`) gets the code it ran and ``usage`` (what the job
+    used: :mod:`emr_ray.cluster.jobs._usage`); a dict result (a job of your own) gets ``usage``. ``after(spec,
     result)`` then records the finished result where the job's results go (never fails the job).
     ``fast_exit`` (a job's own process): once the result is printed, end the process at once, without
     the interpreter's teardown of Ray, torch and MLflow (1-1.5 s of every job here).
@@ -75,20 +78,21 @@ def main(
         traceback.print_exc(file=sys.stdout)
         refused = storage.refused_credentials(e)  # COS refusing the keys: no retry can fix it
         _fail(refused or e, code=INPUT_ERROR_EXIT_CODE if refused else 1)
-    if spec_type is not None and isinstance(result, dict):  # the Spark and training jobs
+    if isinstance(result, JobResult):  # the Spark and training jobs
         from emr_ray.cluster.reuse import code_version
 
-        result["code_origin"] = code_origin()
-        result["code_version"] = code_version()  # with versions: what a model version's receipt names
-        result["versions"] = library_versions()
-    if isinstance(result, dict):
-        result["usage"] = _usage.report()  # never raises
-        if after is not None:
-            try:
-                after(spec, result)
-            except Exception as e:  # the result stands; only its record elsewhere is missing
-                log.warning("Could not record the result (%s: %s)", type(e).__name__, e)
-    line = json.dumps(result, sort_keys=True, default=str)
+        # with versions, the code version is what a model version's receipt names
+        result = dataclasses.replace(result, code_origin=code_origin(), code_version=code_version(),
+                                     versions=library_versions(), usage=_usage.report())  # fmt: skip
+    elif isinstance(result, dict):
+        result["usage"] = _usage.report().to_dict()  # never raises
+    if isinstance(result, JobResult | dict) and after is not None:
+        try:
+            after(spec, result)
+        except Exception as e:  # the result stands; only its record elsewhere is missing
+            log.warning("Could not record the result (%s: %s)", type(e).__name__, e)
+    plain = result.to_dict() if isinstance(result, JobResult) else result
+    line = json.dumps(plain, sort_keys=True, default=str)
     if args.result_file:
         with open(args.result_file, "w") as f:
             f.write(line)

@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -35,6 +36,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from emr_ray.cluster.results import PoolIdle, Usage
 
 # -- phases -----------------------------------------------------------------------------------------
 
@@ -175,55 +178,55 @@ def by_name(held: list[Held], now: float) -> dict[str, dict[str, float]]:
     return out
 
 
-def summary(usage: Mapping[str, Any]) -> str:
+def summary(usage: Usage | None) -> str:
     """One line for the task log: ``1 job, 34.2 s wall, 61.0 CPU-s and 0.0 GPU-s reserved, ...``."""
-    if not usage or "wall_seconds" not in usage:
-        return f"usage not measured ({(usage or {}).get('error', 'the job reported none')})"
-    memory = usage.get("memory") or {}
+    if usage is None or not usage.measured:
+        return f"usage not measured ({usage.error if usage and usage.error else 'the job reported none'})"
+    memory = usage.memory or {}
     parts = [
-        f"1 job, {usage['wall_seconds']:.1f} s wall",
-        f"{usage.get('cpu_seconds_reserved', 0):.1f} CPU-s and {usage.get('gpu_seconds_reserved', 0):.1f} "
-        f"GPU-s reserved ({usage.get('actors', 0)} actor(s), {usage.get('tasks', 0)} task(s))",
+        f"1 job, {usage.wall_seconds:.1f} s wall",
+        f"{usage.cpu_seconds_reserved or 0:.1f} CPU-s and {usage.gpu_seconds_reserved or 0:.1f} "
+        f"GPU-s reserved ({usage.actors or 0} actor(s), {usage.tasks or 0} task(s))",
     ]
     if memory.get("driver_peak_rss_mb") is not None:
         parts.append(f"driver peak RSS {memory['driver_peak_rss_mb']:.0f} MB")
     if memory.get("reserved_peak_mb"):
         parts.append(f"peak memory reserved {memory['reserved_peak_mb']:.0f} MB")
-    phases = usage.get("phases") or {}
-    if phases:
-        parts.append("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
-    if idle := usage.get("pool_idle"):
-        parts.append(f"warm pools idle before its calls {idle['seconds']:.0f} s ({idle['cpu_seconds']:.1f} CPU-s, "
-                     f"{idle['gpu_seconds']:.1f} GPU-s)")  # fmt: skip
-    if usage.get("missing"):
-        parts.append("not measured: " + "; ".join(usage["missing"]))
+    if usage.phases:
+        parts.append("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in usage.phases.items()))
+    if idle := usage.pool_idle:
+        parts.append(f"warm pools idle before its calls {idle.seconds:.0f} s ({idle.cpu_seconds:.1f} CPU-s, "
+                     f"{idle.gpu_seconds:.1f} GPU-s)")  # fmt: skip
+    if usage.missing:
+        parts.append("not measured: " + "; ".join(usage.missing))
     return ", ".join(parts)
 
 
-def mlflow_metrics(usage: Mapping[str, Any]) -> dict[str, float]:
+def mlflow_metrics(usage: Usage | None) -> dict[str, float]:
     """The figures of ``usage`` as MLflow metric names and values (``usage.cpu_seconds_reserved``,
     ``usage.phase.fit_seconds``...): how a training run carries what it cost."""
-    if "wall_seconds" not in usage:
+    if usage is None or not usage.measured:
         return {}
     out = {
-        f"usage.{key}": float(usage[key])
+        f"usage.{key}": float(value)
         for key in ("wall_seconds", "cpu_seconds_reserved", "gpu_seconds_reserved")
-        if isinstance(usage.get(key), (int, float))
+        if isinstance(value := getattr(usage, key), int | float)
     }
-    for key, value in (usage.get("memory") or {}).items():
-        if isinstance(value, (int, float)):
+    for key, value in (usage.memory or {}).items():
+        if isinstance(value, int | float):
             out[f"usage.{key}"] = float(value)
-    for name, seconds in (usage.get("phases") or {}).items():
+    for name, seconds in usage.phases.items():
         out[f"usage.phase.{name}_seconds"] = float(seconds)
-    for key, value in (usage.get("pool_idle") or {}).items():
-        out[f"usage.pool_idle_{key}"] = float(value)
+    if idle := usage.pool_idle:
+        out |= {"usage.pool_idle_seconds": float(idle.seconds), "usage.pool_idle_cpu_seconds": float(idle.cpu_seconds),
+                "usage.pool_idle_gpu_seconds": float(idle.gpu_seconds)}  # fmt: skip
     return out
 
 
 # -- measuring --------------------------------------------------------------------------------------
 
 
-def report(recorder: Recorder | None = None) -> dict[str, Any]:
+def report(recorder: Recorder | None = None) -> Usage:
     """The ``usage`` of the running job. Never raises: what fails is named under ``missing``."""
     recorder = recorder or _current
     try:
@@ -235,32 +238,33 @@ def report(recorder: Recorder | None = None) -> dict[str, Any]:
         phases |= recorder.phases
         held = collect(ended_at, missing, since=process_started_at or recorder.started_at)
         started_at = process_started_at or recorder.started_at
-        usage = {
-            "started_at": round(started_at, 3),
-            "ended_at": round(ended_at, 3),
-            "wall_seconds": round(ended_at - started_at if process_started_at else wall, 2),
-            "cpu_seconds_reserved": round(resource_seconds(held, "CPU", ended_at), 2),
-            "gpu_seconds_reserved": round(resource_seconds(held, "GPU", ended_at), 2),
-            "actors": sum(h.kind == "actor" for h in held),
-            "tasks": sum(h.kind == "task" for h in held),
-            "held": by_name(held, ended_at),
-            "memory": _memory(held, ended_at),
-            "phases": {k: round(v, 2) for k, v in phases.items()},
-            "missing": missing,
-        }
+        idle = None
         if _idle:
-            usage["pool_idle"] = {
-                "seconds": round(sum(h.seconds(ended_at) for h in _idle), 2),
-                "cpu_seconds": round(resource_seconds(_idle, "CPU", ended_at), 2),
-                "gpu_seconds": round(resource_seconds(_idle, "GPU", ended_at), 2),
-            }
-        usage["measuring_seconds"] = round(time.time() - ended_at, 2)  # after ended_at: in the job's exit
-        return usage
+            idle = PoolIdle(
+                seconds=round(sum(h.seconds(ended_at) for h in _idle), 2),
+                cpu_seconds=round(resource_seconds(_idle, "CPU", ended_at), 2),
+                gpu_seconds=round(resource_seconds(_idle, "GPU", ended_at), 2),
+            )
+        usage = Usage(
+            started_at=round(started_at, 3),
+            ended_at=round(ended_at, 3),
+            wall_seconds=round(ended_at - started_at if process_started_at else wall, 2),
+            cpu_seconds_reserved=round(resource_seconds(held, "CPU", ended_at), 2),
+            gpu_seconds_reserved=round(resource_seconds(held, "GPU", ended_at), 2),
+            actors=sum(h.kind == "actor" for h in held),
+            tasks=sum(h.kind == "task" for h in held),
+            held=by_name(held, ended_at),
+            memory=_memory(held, ended_at),
+            phases={k: round(v, 2) for k, v in phases.items()},
+            missing=missing,
+            pool_idle=idle,
+        )
+        # after ended_at: in the job's exit
+        return dataclasses.replace(usage, measuring_seconds=round(time.time() - ended_at, 2))
     except Exception as e:  # accounting must never fail the job
-        return {
-            "error": f"{type(e).__name__}: {e}",
-            "phases": {k: round(v, 2) for k, v in recorder.phases.items()},
-        }
+        return Usage(
+            error=f"{type(e).__name__}: {e}", phases={k: round(v, 2) for k, v in recorder.phases.items()}
+        )
 
 
 def _process_started_at(missing: list[str]) -> float | None:

@@ -60,6 +60,7 @@ from emr_ray.cluster.promotion import (
     TAG_COMPARE_VERSION,
     compare_metric,
 )
+from emr_ray.cluster.results import TrainResult
 from emr_ray.cluster.reuse import record_value
 from emr_ray.cluster.spec import CompareSection, TrainJobSpec, import_by_path
 
@@ -113,7 +114,7 @@ def with_champion(
 
 def refresh(
     spec: TrainJobSpec,
-    result: dict[str, Any],
+    result: TrainResult,
     plan_of: Callable[[], dict[str, Any]],
     options: storage.StorageOptions,
 ) -> dict[str, Any] | None:
@@ -131,7 +132,7 @@ def refresh(
     :param options: storage settings.
     """
     section = spec.compare
-    stored = result.get("comparison")
+    stored = result.comparison
     if section is None:
         return stored
     current = champion_version(tracking.client(spec), section)
@@ -152,13 +153,13 @@ def refresh(
     try:
         plan = plan_of()
         challenger = as_scored(
-            spec, model_from_checkpoint(spec, result["checkpoint_uri"], options), plan, options
+            spec, model_from_checkpoint(spec, result.checkpoint_uri, options), plan, options
         )
     except Exception as e:  # a pruned generation or checkpoint: the stored result stands, uncompared
         reason = f"the stored model or its test rows cannot be read again ({type(e).__name__}: {e})"
         base = {"model_name": section.model_name, "alias": section.alias}
-        return _record_skip(tracking.client(spec), result["mlflow_run_id"], section, base, reason)
-    return with_champion(spec, plan, options, result["mlflow_run_id"], challenger)
+        return _record_skip(tracking.client(spec), result.mlflow_run_id, section, base, reason)
+    return with_champion(spec, plan, options, result.mlflow_run_id, challenger)
 
 
 def champion_version(client: Any, section: CompareSection) -> str | None:

@@ -21,6 +21,7 @@ greedy actions out, with an observation input example. The same object plays
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -36,6 +37,7 @@ from emr_ray.cluster import mlflow_auth, storage
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs._runtime import JobInputError, main
 from emr_ray.cluster.jobs.train import RunState, resume_state
+from emr_ray.cluster.results import RLlibResult
 from emr_ray.cluster.reuse import FORCE_ENV
 from emr_ray.cluster.spec import RLlibJobSpec
 
@@ -362,27 +364,32 @@ def _as_python_model(policy: GreedyPolicy):
 
 # -- step 5: result ----------------------------------------------------------------------------------
 def result_of(
-    spec: RLlibJobSpec, run_state: RunState, state: dict[str, Any], start_iteration: int, seconds: float
-) -> dict[str, Any]:
+    spec: RLlibJobSpec,
+    run_state: RunState,
+    state: dict[str, Any],
+    start_iteration: int,
+    seconds: float,
+    scores: dict[str, float] | None = None,
+) -> RLlibResult:
     """The job's JSON result (the operator's XCom)."""
     scheme, _ = storage.split_uri(spec.storage_path)
     path = f"{run_state.path}/{state['checkpoint']}"
     checkpoint_uri = f"file://{path}" if scheme == "file" else f"{scheme}://{path.lstrip('/')}"
-    return {
-        "mlflow_run_id": state["mlflow_run_id"],
-        "tracking_uri": mlflow_auth.redact_uri(spec.mlflow.tracking_uri),
-        "run_name": spec.run_name,
-        "algorithm": spec.algorithm,
-        "env": spec.env,
-        "checkpoint_uri": checkpoint_uri,
-        "final_metrics": dict(state.get("metrics") or {}),
-        "iterations_completed": int(state["iteration"]),
-        "start_iteration": start_iteration,
-        "train_seconds": round(seconds, 2),
-    }
+    return RLlibResult(
+        mlflow_run_id=state["mlflow_run_id"],
+        tracking_uri=mlflow_auth.redact_uri(spec.mlflow.tracking_uri),
+        run_name=spec.run_name,
+        algorithm=spec.algorithm,
+        env=spec.env,
+        checkpoint_uri=checkpoint_uri,
+        final_metrics=dict(state.get("metrics") or {}) | (scores or {}),
+        iterations_completed=int(state["iteration"]),
+        start_iteration=start_iteration,
+        train_seconds=round(seconds, 2),
+    )
 
 
-def run(spec: RLlibJobSpec) -> dict[str, Any]:
+def run(spec: RLlibJobSpec) -> RLlibResult:
     import ray
     import torch
 
@@ -392,9 +399,9 @@ def run(spec: RLlibJobSpec) -> dict[str, Any]:
     print_key = fingerprint(spec)
     run_state = RunState(*storage.resolve(storage.join(spec.storage_path, spec.run_name), options))
     state = resume_state(spec, run_state, print_key, force=os.environ.get(FORCE_ENV) == "1")
-    if state.get("result"):
+    if stored := RLlibResult.read(state.get("result")):
         log.info("Run %s already finished with this spec; returning its stored result.", spec.run_name)
-        return state["result"] | {"reused": True}
+        return dataclasses.replace(stored, reused=True)
 
     ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
     torch.set_num_threads(spec.driver_threads)  # small models: more threads only contend on a busy node
@@ -422,9 +429,8 @@ def run(spec: RLlibJobSpec) -> dict[str, Any]:
     except BaseException:
         client.set_terminated(mlflow_run_id, status="FAILED")
         raise
-    output = result_of(spec, run_state, state, start_iteration, seconds)
-    output["final_metrics"] |= scores
-    run_state.write({k: v for k, v in state.items() if k != "unlogged"} | {"result": output})
+    output = result_of(spec, run_state, state, start_iteration, seconds, scores)
+    run_state.write({k: v for k, v in state.items() if k != "unlogged"} | {"result": output.to_dict()})
     return output
 
 

@@ -8,12 +8,12 @@ the step's config and returns a DataFrame or a dict of named DataFrames (e.g. tr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from typing import Any
 
 from emr_ray.cluster import storage
-from emr_ray.cluster.jobs import _usage, spark_session, warm, warm_actor
+from emr_ray.cluster.jobs import _usage, spark_session, warm
 from emr_ray.cluster.jobs._runtime import main
 from emr_ray.cluster.jobs.spark_steps import (  # noqa: F401 - JAVA_OPTIONS, spark_configs: this module's names too
     JAVA_OPTIONS,
@@ -25,12 +25,13 @@ from emr_ray.cluster.jobs.spark_steps import (  # noqa: F401 - JAVA_OPTIONS, spa
     start_spark,
 )
 from emr_ray.cluster.jobs.validation import schema_problems
+from emr_ray.cluster.results import PoolUse, SparkResult
 from emr_ray.cluster.spec import SparkJobSpec
 
 log = logging.getLogger("emr_ray.cluster.jobs.spark")
 
 
-def run(spec: SparkJobSpec) -> dict[str, Any]:
+def run(spec: SparkJobSpec) -> SparkResult:
     """Check the input, then preprocess it in a Spark session of this job's own, or in the warm shared
     one (``spec.spark.session``)."""
     import ray
@@ -44,12 +45,9 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
         log.info(
             "Validated %s (dry run: committed, schema, %d rows); nothing written", spec.input_uri, rows_in
         )
-        return {
-            "partition": spec.partition,
-            "input_uri": spec.input_uri,
-            "rows_in": rows_in,
-            "validated": True,
-        }
+        return SparkResult(
+            partition=spec.partition, input_uri=spec.input_uri, rows_in=rows_in, validated=True
+        )
     ray.init(address="auto", logging_level=logging.WARNING, ignore_reinit_error=True)
     _usage.lap("ray_connect")
     configs, env = session_settings(spec, options)
@@ -71,22 +69,20 @@ def run(spec: SparkJobSpec) -> dict[str, Any]:
 def _run_shared(
     spec: SparkJobSpec, configs: dict[str, str], env: dict[str, str], options: storage.StorageOptions,
     files: list[str],
-) -> dict[str, Any]:  # fmt: skip
+) -> SparkResult:  # fmt: skip
     import ray
 
     out = spark_session.run_shared(spec, configs, env, options, files,
                                    job_runtime_env=ray.get_runtime_context().runtime_env)  # fmt: skip
-    session = out["session"]
+    use: PoolUse = out["use"]
     for line in out["log"]:  # the call's progress, in this job's log (and so in the task log)
         print(line, flush=True)
     # the call's own steps (read, compute, write, commit) under their names; the rest of the call
     # (reaching the session, and starting it when there was none) as ``spark_session``
     _usage.lap("spark_session", **out["phases"])
-    _usage.borrow("actor", "SharedSparkExecutors", {"CPU": session["cpus"]}, session["call_started_at"],
-                  session["call_ended_at"], idle_before=session["idle_seconds"])  # fmt: skip
-    result = dict(out["result"])
-    result["spark_session"] = {k: session[k] for k in warm_actor.JOB_FIGURES}
-    return result
+    _usage.borrow("actor", "SharedSparkExecutors", {"CPU": out["cpus"]}, out["call_started_at"],
+                  out["call_ended_at"], idle_before=use.idle_seconds)  # fmt: skip
+    return dataclasses.replace(out["result"], spark_session=use)
 
 
 if __name__ == "__main__":

@@ -202,10 +202,10 @@ def run_shared(
                     "Shared Spark session %s is gone (%s); preprocessing in a fresh one", session.name, e
                 )
         warm.wait_gone(session.name, NAMESPACE)
-    figures = session.figures() | {"cpus": session.info["cpus"]}
     log.info("%s", session.describe("Shared Spark session"))
-    return {"result": out["result"], "log": out["log"], "phases": out["phases"],
-            "session": figures | {k: out[k] for k in ("call_started_at", "call_ended_at")}}  # fmt: skip
+    return {"result": out["result"], "log": out["log"], "phases": out["phases"], "use": session.use(),
+            "cpus": session.info["cpus"], "call_started_at": out["call_started_at"],
+            "call_ended_at": out["call_ended_at"]}  # fmt: skip
 
 
 def sessions() -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any
 from emr_ray.cluster import file_records, partitions, retention, storage
 from emr_ray.cluster.jobs._runtime import JobInputError
 from emr_ray.cluster.jobs.validation import count_and_check
+from emr_ray.cluster.results import SparkResult
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings, import_by_path
 
 log = logging.getLogger("emr_ray.cluster.jobs.spark")
@@ -245,7 +246,7 @@ def preprocess_partition(
     files: list[str],
     *,
     lap: Callable[[str], None],
-) -> dict[str, Any]:
+) -> SparkResult:
     """Read the validated ``files`` in ``spark``, preprocess, write a new generation and commit it (an
     uncommitted one is removed). The same steps in a job's own session and in a shared one."""
     partition, input_uri, output_uri, config = spec.partition, spec.input_uri, spec.output_uri, spec.config
@@ -306,16 +307,16 @@ def preprocess_partition(
                 log.warning("Could not unpersist a cached DataFrame: %s", e)
         if committed is None and not unknown:
             partitions.discard(output_uri, generation, options)
-    return {
-        "partition": partition,
-        "input_uri": input_uri,
-        "output_uri": output_uri,
-        "generation": generation,
-        "superseded_by": committed.superseded_by,
-        "rows_in": rows_in,
-        "rows_out": {name: item["rows"] for name, item in written.items()},
-        "outputs": {name: committed.output_uri(name) for name in written},
-    }
+    return SparkResult(
+        partition=partition,
+        input_uri=input_uri,
+        output_uri=output_uri,
+        generation=generation,
+        superseded_by=committed.superseded_by,
+        rows_in=rows_in,
+        rows_out={name: item["rows"] for name, item in written.items()},
+        outputs={name: committed.output_uri(name) for name in written},
+    )
 
 
 def input_file_sizes(files: list[str], uri: str, options: storage.StorageOptions) -> list[list[Any]]:

@@ -15,6 +15,7 @@ inputs or hyperparameters starts clean.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,6 +30,7 @@ from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group, warm
 from emr_ray.cluster.jobs import compare as comparing
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs._runtime import JobInputError, main
+from emr_ray.cluster.results import TrainResult
 from emr_ray.cluster.reuse import FORCE_ENV
 from emr_ray.cluster.spec import TrainJobSpec, import_by_path
 
@@ -164,12 +166,13 @@ class NamedRun(Protocol):
     def run_name(self) -> str: ...
 
 
-def finished_result(state: dict[str, Any], print_key: str, *, force: bool = False) -> dict[str, Any] | None:
+def finished_result(state: dict[str, Any], print_key: str, *, force: bool = False) -> TrainResult | None:
     """The stored result of a finished run with these inputs (``state`` as :meth:`RunState.read`
-    gave it), or None: what a rerun returns without training again (nor waiting for anything)."""
+    gave it), or None: what a rerun returns without training again (nor waiting for anything). A
+    stored result this code cannot read as a training's is not returned: the run trains again."""
     if force or state.get("unreadable") or state.get("fingerprint") != print_key:
         return None
-    return state.get("result")
+    return TrainResult.read(state.get("result"))
 
 
 def resume_state(
@@ -282,7 +285,7 @@ def fit_and_log(
 
 
 # -- step 5: result ---------------------------------------------------------------------------------
-def result_of(spec: TrainJobSpec, fitted: Fitted, mlflow_run_id: str, rows: dict[str, int]) -> dict[str, Any]:
+def result_of(spec: TrainJobSpec, fitted: Fitted, mlflow_run_id: str, rows: dict[str, int]) -> TrainResult:
     """The job's JSON result (the operator's XCom)."""
     best_metrics = {}
     for checkpoint, metrics in fitted.result.best_checkpoints or []:
@@ -291,21 +294,21 @@ def result_of(spec: TrainJobSpec, fitted: Fitted, mlflow_run_id: str, rows: dict
     scheme, _ = storage.split_uri(spec.storage_path)
     path = fitted.best.path
     checkpoint_uri = f"file://{path}" if scheme == "file" else f"{scheme}://{path.lstrip('/')}"
-    return {
-        "mlflow_run_id": mlflow_run_id,
-        "tracking_uri": mlflow_auth.redact_uri(spec.mlflow.tracking_uri),
-        "run_name": spec.run_name,
-        "checkpoint_uri": checkpoint_uri,
-        "final_metrics": fitted.final,
-        "best_metrics": best_metrics,
-        "epochs_completed": int(fitted.final.get("epoch", spec.epochs - 1)) + 1,
-        "rows": rows,
-        "fit_seconds": round(fitted.seconds, 2),
-        "comparison": fitted.comparison,
-    }
+    return TrainResult(
+        mlflow_run_id=mlflow_run_id,
+        tracking_uri=mlflow_auth.redact_uri(spec.mlflow.tracking_uri),
+        run_name=spec.run_name,
+        checkpoint_uri=checkpoint_uri,
+        final_metrics=fitted.final,
+        best_metrics=best_metrics,
+        epochs_completed=int(fitted.final.get("epoch", spec.epochs - 1)) + 1,
+        rows=rows,
+        fit_seconds=round(fitted.seconds, 2),
+        comparison=fitted.comparison,
+    )
 
 
-def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
+def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> TrainResult:
     """Train (or return the stored result); ``usage``: who logs the job's usage afterwards, told here
     when a warm group's rank 0 does."""
     import ray
@@ -328,7 +331,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
         )
         # the champion may have changed since: compare again without training again (jobs/compare.py)
         comparison = comparing.refresh(spec, stored, lambda: plan_datasets(spec, options, inputs), options)
-        return stored | {"reused": True, "comparison": comparison}
+        return dataclasses.replace(stored, reused=True, comparison=comparison)
 
     # Ray Train's controller polls its workers every 2 s by default: each epoch's report, and the end
     # of training, wait for the next poll. Polls are cheap; 0.5 s takes seconds off every fit().
@@ -376,10 +379,11 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> dict[str, Any]:
     fitted = fit_and_log(trainer, spec, plan, options, mlflow_run_id)
     _usage.lap("log", fit=fitted.seconds)  # fit: worker group start + epochs (their seconds: epoch metrics)
     output = result_of(spec, fitted, state["mlflow_run_id"], rows)
-    output["inputs_fingerprint"] = print_key  # the inputs its checkpoints carry (a version's receipt)
-    if getattr(fitted.result, "group", None):
-        output["worker_group"] = fitted.result.group
-    run_state.write(state | {"result": output})
+    # the inputs its checkpoints carry (a version's receipt); the warm group that trained it
+    output = dataclasses.replace(
+        output, inputs_fingerprint=print_key, worker_group=getattr(fitted.result, "group", None)
+    )
+    run_state.write(state | {"result": output.to_dict()})
     return output
 
 
@@ -389,12 +393,12 @@ class UsageLog:
     the driver imports no MLflow."""
 
     def __init__(self) -> None:
-        self.logger: Callable[[TrainJobSpec, dict[str, Any]], None] = tracking.log_usage
+        self.logger: Callable[[TrainJobSpec, TrainResult], None] = tracking.log_usage
 
-    def by(self, logger: Callable[[TrainJobSpec, dict[str, Any]], None]) -> None:
+    def by(self, logger: Callable[[TrainJobSpec, TrainResult], None]) -> None:
         self.logger = logger
 
-    def __call__(self, spec: TrainJobSpec, result: dict[str, Any]) -> None:
+    def __call__(self, spec: TrainJobSpec, result: TrainResult) -> None:
         self.logger(spec, result)
 
 

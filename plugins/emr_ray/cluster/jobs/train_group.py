@@ -412,8 +412,8 @@ def fit_shared(
             call.loop(train_loop, config, options, run_uri, resume_path(), on_report)
         finished = after(call.after_fit) if after is not None else None
     info = group.info
-    return group.figures() | {
-        "cpus": info["cpus"], "gpus": info["gpus"], "call_started_at": group.began, "call_ended_at": time.time(),
+    return {
+        "use": group.use(), "cpus": info["cpus"], "gpus": info["gpus"], "call_started_at": group.began, "call_ended_at": time.time(),
         "log": call.log, "after": finished, "rank0": call.rank0, "described": group.describe("Warm worker group"),
     }  # fmt: skip
 

@@ -24,6 +24,7 @@ from emr_ray.cluster import mlflow_auth, secrets
 from emr_ray.cluster import train as emr_train
 from emr_ray.cluster.jobs import train_checkpoints
 from emr_ray.cluster.jobs._runtime import JobInputError
+from emr_ray.cluster.results import TrainResult
 from emr_ray.cluster.spec import MLflowSection, TrainJobSpec, import_by_path
 
 log = logging.getLogger("emr_ray.cluster.jobs.train")
@@ -141,14 +142,14 @@ def end_run(spec: TrainJobSpec, mlflow_run_id: str, final: dict[str, Any], fit_s
     mlflow_client.set_terminated(mlflow_run_id, status="FINISHED")
 
 
-def log_usage(spec: TrainJobSpec, result: dict[str, Any]) -> None:
+def log_usage(spec: TrainJobSpec, result: TrainResult) -> None:
     """Log what the job used as ``usage.*`` metrics on the MLflow run it trained (not on a reused run:
     that run has the figures of the job that trained it). From the job, whose MLflow client is up:
     the Airflow side then needs no MLflow import for it."""
     log_usage_as(spec, result, None)
 
 
-def log_usage_as(spec: TrainJobSpec, result: dict[str, Any], credentials: dict[str, str] | None) -> None:
+def log_usage_as(spec: TrainJobSpec, result: TrainResult, credentials: dict[str, str] | None) -> None:
     """:func:`log_usage` with ``credentials`` (:func:`emr_ray.cluster.mlflow_auth.credentials`) passed to this
     request only, never through ``os.environ``: on a warm group's rank 0 after the job's lease, where
     another job's loop may run meanwhile and must not see them (None: the process's own, as the
@@ -157,9 +158,8 @@ def log_usage_as(spec: TrainJobSpec, result: dict[str, Any], credentials: dict[s
 
     from emr_ray.cluster.jobs._usage import mlflow_metrics
 
-    run_id, usage = result.get("mlflow_run_id"), result.get("usage")
-    metrics = mlflow_metrics(usage) if isinstance(usage, dict) else {}
-    if not run_id or not metrics or result.get("reused"):
+    run_id, metrics = result.mlflow_run_id, mlflow_metrics(result.usage)
+    if not metrics or result.reused:
         return
     stamp = int(time.time() * 1000)
     batch = [mlflow.entities.Metric(key, value, stamp, 0) for key, value in sorted(metrics.items())]

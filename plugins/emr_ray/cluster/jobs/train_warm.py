@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from emr_ray.cluster import mlflow_auth, storage
-from emr_ray.cluster.jobs import _usage, shards, train_group, warm_actor
+from emr_ray.cluster.jobs import _usage, shards, train_group
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
+from emr_ray.cluster.results import PoolUse, TrainResult
 from emr_ray.cluster.spec import TrainJobSpec
 
 log = logging.getLogger("emr_ray.cluster.jobs.train")
@@ -49,7 +50,7 @@ class WarmFitResult:
     metrics: dict[str, Any]
     checkpoint: StoredCheckpoint | None
     best_checkpoints: list[tuple[StoredCheckpoint, dict[str, Any]]]
-    group: dict[str, Any] = field(default_factory=dict)
+    group: PoolUse | None = None
     error: BaseException | None = None
     #: what rank 0 did after the loop: ``comparison`` (the model is logged: jobs/train_finish.py) and
     #: ``ended`` (the run is FINISHED with its final metrics)
@@ -105,7 +106,7 @@ class WarmTrainer:
         for line in group.pop("log"):  # the loop's own log lines, in this job's log
             print(line, flush=True)
         _usage.borrow("actor", "SharedTrainWorkers", {"CPU": group["cpus"], "GPU": group["gpus"]},
-                      group["call_started_at"], group["call_ended_at"], idle_before=group["idle_seconds"])  # fmt: skip
+                      group["call_started_at"], group["call_ended_at"], idle_before=group["use"].idle_seconds)  # fmt: skip
         log.info("%s", group["described"])
         self.rank0 = group["rank0"]
         done = group["after"]  # the run's checkpoints after the loop, read once (_finish)
@@ -114,7 +115,7 @@ class WarmTrainer:
             metrics=self.last or (latest[1] if latest else {}),
             checkpoint=latest[0] if latest else None,
             best_checkpoints=done["kept"],
-            group={k: group[k] for k in warm_actor.JOB_FIGURES},
+            group=group["use"],
             finished=done["finished"],
         )
 
@@ -159,7 +160,7 @@ class WarmTrainer:
                 log.warning("%s; this job's driver does the rest of the run's last step", e)
         return {"kept": kept, "latest": latest, "finished": finished}
 
-    def log_usage(self, spec: TrainJobSpec, result: dict[str, Any]) -> None:
+    def log_usage(self, spec: TrainJobSpec, result: TrainResult) -> None:
         """After the job's lease: rank 0 logs the job's usage on its MLflow run, the login passed with
         the request, never through the environment (another job's loop may run there meanwhile)."""
         import ray

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from emr_ray.cluster.jobs import warm
+from emr_ray.cluster.results import PoolUse
 
 log = logging.getLogger("emr_ray.cluster.jobs.warm")
 
@@ -48,8 +49,6 @@ LEASE_TIMEOUT_S = 30.0
 BEAT_S = 1.0
 #: a pool older than this is recycled (see the module's docstring)
 MAX_AGE_S = 12 * 3600.0
-#: what a job's result says of the pool it used (:meth:`Replica.figures`)
-JOB_FIGURES = ("name", "calls", "reused", "why", "start_seconds", "idle_seconds", "age_seconds")
 
 
 class WarmActor:
@@ -278,13 +277,13 @@ class Replica:
     def reused(self) -> bool:
         return self.info["calls"] > 0
 
-    def figures(self) -> dict[str, Any]:
+    def use(self) -> PoolUse:
         """What the job's result says of its pool (its XCom): which one, whether it was reused and if
         not why, its start-up, age and the idle seconds before this call."""
         info = self.info
-        return {"name": self.name, "calls": self.calls, "reused": self.reused, "why": self.why,
-                "start_seconds": info["start_seconds"], "idle_seconds": info.get("idle_seconds", 0.0),
-                "age_seconds": info.get("age_seconds", 0.0)}  # fmt: skip
+        return PoolUse(name=self.name, calls=self.calls, reused=self.reused, why=self.why,
+                       start_seconds=info["start_seconds"], idle_seconds=info.get("idle_seconds", 0.0),
+                       age_seconds=info.get("age_seconds", 0.0))  # fmt: skip
 
     def describe(self, what: str) -> str:
         """The job's log line for its pool: warm, or started and why."""
