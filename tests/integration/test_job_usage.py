@@ -8,6 +8,7 @@ for a few seconds, so the test can check the CPU-seconds against the actor's kno
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -115,19 +116,22 @@ def test_the_training_job_logs_its_usage_on_the_mlflow_run_it_trained(mlflow_con
     import mlflow
 
     from emr_ray.cluster.jobs.train_mlflow import log_usage
+    from emr_ray.cluster.results import TrainResult, Usage
     from emr_ray.cluster.spec import MLflowSection, TrainJobSpec
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_conn.tracking_uri)
     experiment = client.create_experiment(f"usage-{uuid.uuid4().hex[:8]}")
     trained, reused = (client.create_run(experiment).info.run_id for _ in range(2))
-    usage = {"wall_seconds": 50.0, "cpu_seconds_reserved": 80.5, "gpu_seconds_reserved": 0.0,
-             "memory": {"driver_peak_rss_mb": 400.0}, "phases": {"fit": 30.0, "log": 4.0}}  # fmt: skip
+    usage = Usage(wall_seconds=50.0, cpu_seconds_reserved=80.5, gpu_seconds_reserved=0.0,
+                  memory={"driver_peak_rss_mb": 400.0}, phases={"fit": 30.0, "log": 4.0})  # fmt: skip
     spec = TrainJobSpec(train_loop="include.models.tabular:train_loop", datasets={"train": "file:///d/dt=2026-01-01"},
                         run_name="r", storage_path="file:///tmp",
                         mlflow=MLflowSection(mlflow_conn.tracking_uri, "usage"))  # fmt: skip
 
-    log_usage(spec, {"mlflow_run_id": trained, "usage": usage})
-    log_usage(spec, {"mlflow_run_id": reused, "usage": usage, "reused": True})
+    result = TrainResult(mlflow_run_id=trained, tracking_uri=mlflow_conn.tracking_uri, run_name="r",
+                         checkpoint_uri="file:///tmp/r/best", final_metrics={}, usage=usage)  # fmt: skip
+    log_usage(spec, result)
+    log_usage(spec, dataclasses.replace(result, mlflow_run_id=reused, reused=True))
 
     metrics = client.get_run(trained).data.metrics
     assert metrics["usage.cpu_seconds_reserved"] == 80.5 and metrics["usage.phase.fit_seconds"] == 30.0
