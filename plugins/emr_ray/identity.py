@@ -7,7 +7,9 @@ One rule gives reattach on retry (same Ray job submission id per try), resume fr
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,3 +70,29 @@ class TaskIdentity:
             "airflow.task_id": self.task_id,
             "airflow.map_index": str(self.map_index),
         }
+
+
+def tenant_of(connections: Mapping[str, str | None]) -> str:
+    """Whose warm pools a job may use: a digest of what its connections (kind -> connection id) point
+    at, never their secrets (:func:`connection_identity`), so two deployments whose same connection
+    ids name other accounts never share a pool."""
+    pointed = {kind: connection_identity(conn_id) for kind, conn_id in connections.items()}
+    return hashlib.sha256(json.dumps(pointed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def connection_identity(conn_id: str | None) -> dict[str, Any]:
+    """What a connection points at, without its secrets: its id, host, port, schema, login and the
+    extras whose names do not look secret (:func:`emr_ray.cluster.reuse.secret_looking`)."""
+    if not conn_id:
+        return {}
+    from airflow.sdk import BaseHook
+
+    from emr_ray.cluster.reuse import secret_looking
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # not defined here (a test, a connection only some DAGs use): its id decides
+        return {"id": conn_id}
+    extra = {k: v for k, v in (conn.extra_dejson or {}).items() if not secret_looking(str(k))}
+    return {"id": conn_id, "type": conn.conn_type, "host": conn.host, "port": conn.port, "schema": conn.schema,
+            "login": conn.login, "extra": extra}  # fmt: skip

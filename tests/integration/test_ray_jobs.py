@@ -15,7 +15,7 @@ import uuid
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from emr_ray.cluster.reuse import DIGEST_KEY, FORCE_ENV
+from emr_ray.cluster.reuse import DIGEST_KEY
 from emr_ray.exceptions import (
     RayAuthError,
     RayClusterError,
@@ -234,17 +234,6 @@ def test_retry_reattaches_to_the_running_job_instead_of_submitting_again(ray_con
     assert hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id()) is None
 
 
-def test_retry_takes_the_finished_result_of_an_earlier_try_with_the_same_spec(ray_conn):
-    hook = RayHook(ray_conn)
-    first = FakeTaskInstance("echo", try_number=1)
-    spec = {"payload": "stored"}
-    stored = RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": first})
-    assert stored["echo"] == "stored"
-    retry = FakeTaskInstance("echo", try_number=2, run_id=first.run_id)
-    assert RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": retry}) == stored
-    assert hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id()) is None
-
-
 def test_retry_after_the_spec_changed_submits_a_new_job_and_stops_the_stale_one(ray_conn, capsys):
     hook = RayHook(ray_conn)
     first = FakeTaskInstance("echo", try_number=1)
@@ -258,20 +247,6 @@ def test_retry_after_the_spec_changed_submits_a_new_job_and_stops_the_stale_one(
     assert hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id())["status"] == "SUCCEEDED"
     assert wait_for(hook, stale_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
     assert "inputs or code changed since try 1" in capsys.readouterr().out
-
-
-def test_force_recompute_submits_a_new_job_that_is_told_to_ignore_stored_results(ray_conn):
-    hook = RayHook(ray_conn)
-    first = FakeTaskInstance("echo", try_number=1)
-    spec = {"payload": "same"}
-    RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5).execute({"ti": first})
-    retry = FakeTaskInstance("echo", try_number=2, run_id=first.run_id)
-    forced = RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5,
-                            force_recompute="{{ params.force_recompute }}")  # fmt: skip
-    forced.render_template_fields({"params": {"force_recompute": True}})
-    assert forced.execute({"ti": retry})["echo"] == "same"
-    job = hook.get_job(TaskIdentity.from_context({"ti": retry}).submission_id())
-    assert job["status"] == "SUCCEEDED" and job["runtime_env"]["env_vars"][FORCE_ENV] == "1"
 
 
 def test_a_stale_tries_late_on_kill_leaves_the_job_its_successor_took_over(ray_conn):

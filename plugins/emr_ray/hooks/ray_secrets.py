@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import secrets as random_tokens
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from emr_ray.cluster.secrets import SECRET_REF_ENV, STAGED_PREFIX
 
@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from emr_ray.hooks.ray import RayHook
 
 PACKAGES = "/api/packages/gcs/"
+
+
+class LogsInfo(Protocol):
+    """The task's logger, as far as staging uses it."""
+
+    def info(self, event: Any, *args: Any, **kw: Any) -> Any: ...
 
 
 def stage(hook: RayHook, values: Mapping[str, str]) -> str:
@@ -33,6 +39,31 @@ def stage(hook: RayHook, values: Mapping[str, str]) -> str:
     )
     renew(hook, name)
     return f"gcs://{name}"
+
+
+def stage_for_job(
+    hook: RayHook, runtime_env: dict[str, Any], secrets: Mapping[str, str], log: LogsInfo
+) -> tuple[dict[str, Any], set[str]]:
+    """Stage a job's ``secrets`` and the runtime_env's secret-looking environment variables (the
+    connection's and the task's: :func:`emr_ray.cluster.reuse.secret_looking`) as one blob; returns
+    the runtime_env that names only its reference, and the variables moved out of it (the driver
+    exports them; workers fetch them with the job's other secrets). Logs names, never values."""
+    from emr_ray.cluster.reuse import FORCE_ENV, secret_looking
+    from emr_ray.hooks.ray import merge_runtime_env
+
+    merged = hook.job_runtime_env(runtime_env)
+    moved = {name: str(value) for name, value in (merged.get("env_vars") or {}).items()
+             if name not in (SECRET_REF_ENV, FORCE_ENV) and secret_looking(name)}  # fmt: skip
+    if moved:
+        log.info("Moving %d secret-looking environment variable(s) of the runtime_env (%s) to the secret "
+                 "channel: the Jobs API and the dashboard show a runtime_env", len(moved), ", ".join(sorted(moved)))  # fmt: skip
+    values = {**moved, **secrets}
+    if not values:
+        return runtime_env, set()
+    ref = stage(hook, values)
+    log.info("Staged %d secret(s) for the job (%s); none is in its runtime_env", len(values),
+             ", ".join(sorted(values)))  # fmt: skip
+    return merge_runtime_env(runtime_env, {"env_vars": {SECRET_REF_ENV: ref}}), set(moved)
 
 
 def renew(hook: RayHook, name: str) -> None:

@@ -17,7 +17,17 @@ from typing import Any
 import httpx
 
 from emr_ray.cluster.spec import ERROR_MARKER, RESULT_MARKER, parse_marked
-from emr_ray.exceptions import RayJobsApiError
+from emr_ray.exceptions import (
+    RayAuthError,
+    RayJobFailedError,
+    RayJobInputError,
+    RayJobPendingTimeoutError,
+    RayJobsApiError,
+    RayJobStoppedError,
+    RayJobTakenOverStoppedError,
+    RayJobUnschedulableError,
+    RayMonitorLostError,
+)
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 #: states of an earlier try's job that a new try may take over (when its spec is identical)
@@ -351,3 +361,37 @@ def summarize_cluster(nodes: Mapping[str, Any], status: Mapping[str, Any] | None
         found_available = True
         available = {key: max(0.0, float(have) - float(used)) for key, (used, have) in usage.items()}
     return {"total": total, "available": available if found_available else None, "nodes": node_list}
+
+
+def failure_of(event: Mapping[str, Any], job_url: str, own_submission_id: str | None) -> Exception:
+    """The task's error for a job that did not succeed (``event`` from :func:`interpret_job` or a
+    trigger), named so Airflow retries what a retry can fix and fails the rest at once: lost contact
+    and a taken-over job stopped are retried; bad input, a stop by a person and an auth refusal are not.
+    ``own_submission_id``: this try's own job name (a job taken over from an earlier try differs)."""
+    submission_id = event["submission_id"]
+    reason = event.get("reason")
+    message = f"Ray job {submission_id} {event.get('message')}\nFull log: {job_url}"
+    if reason == "monitor_lost":
+        return RayMonitorLostError(event["message"])
+    if reason == "auth":
+        return RayAuthError(event["message"])
+    if event.get("input_error"):
+        return RayJobInputError(
+            f"{message}\nThe job failed on its input: the task fails without retries; fix the input "
+            "or the task's arguments, then clear the task."
+        )
+    if reason == "stopped" and own_submission_id and submission_id != own_submission_id:
+        return RayJobTakenOverStoppedError(
+            f"{message}\nThis try had taken over that job from an earlier try, and it was stopped: most "
+            "likely by the earlier try's late on_kill (Airflow declared it a zombie and killed it). Not "
+            f"final: the retry submits its own job ({own_submission_id} is this try's own name)."
+        )
+    if reason == "stopped":
+        return RayJobStoppedError(
+            f"{message}\nSomeone stopped the job (dashboard, `ray job stop`): STOPPED is final and the "
+            "task is not retried; clear the task to run it again."
+        )
+    if reason == "pending_timeout":
+        error = RayJobUnschedulableError if event.get("unschedulable") else RayJobPendingTimeoutError
+        return error(message)
+    return RayJobFailedError(message)

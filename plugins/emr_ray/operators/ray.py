@@ -7,6 +7,7 @@ its XCom. Subclasses only say which job module runs and build its spec.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -24,48 +25,39 @@ from emr_ray.cluster.reuse import (
     UNREADABLE,
     code_version,
     encode_external,
-    external_changes,
-    secret_looking,
     spec_digest,
 )
-from emr_ray.cluster.secrets import SECRET_REF_ENV
 from emr_ray.cluster.spec import COS_SECRET_ENV, JobSpec, entrypoint
 from emr_ray.exceptions import (
-    RayAuthError,
     RayClusterError,
-    RayJobFailedError,
     RayJobInputError,
-    RayJobPendingTimeoutError,
     RayJobsApiError,
-    RayJobStoppedError,
-    RayJobTakenOverStoppedError,
-    RayJobUnschedulableError,
     RayMonitorLostError,
 )
 from emr_ray.hooks import ray_secrets
 from emr_ray.hooks.ray import RayHook, merge_runtime_env
+from emr_ray.hooks.ray_reuse import CHECK_RESULT, REATTACH, REFUSE, Choice, TryJob, decide
 from emr_ray.hooks.ray_wait import (
     FINISH,
     PENDING_TIMEOUT,
-    REUSABLE_STATES,
     entrypoint_asks,
+    failure_of,
     interpret_job,
     lost_contact_message,
     next_step,
     pending_timeout_event,
     poll_delay,
 )
-from emr_ray.identity import TaskIdentity
+from emr_ray.identity import TaskIdentity, tenant_of
 from emr_ray.links.ray import RayJobLink
 from emr_ray.operators.ray_check import RayConnectOperator
+from emr_ray.operators.ray_ownership import Ownership
 from emr_ray.templating import as_bool, as_seconds
 from emr_ray.triggers.ray import RayJobTrigger
 
 __all__ = ["RayConnectOperator", "RayJobOperator"]
 
 _LOG_LINES_PER_POLL = 200
-#: the XCom that names the try owning the task's Ray job: a stale try's late ``on_kill`` reads it
-OWNER_XCOM_KEY = "ray_job_owner"
 _STOP_RETRY_SECONDS = 30.0
 
 
@@ -75,24 +67,6 @@ def _seconds(value: float | timedelta | str | None) -> float | None:
         return None
     seconds = as_seconds(value)
     return seconds if seconds > 0 else None
-
-
-def connection_identity(conn_id: str | None) -> dict[str, Any]:
-    """What a connection points at, without its secrets: its id, host, port, schema, login and the
-    extras whose names do not look secret (:func:`emr_ray.cluster.reuse.secret_looking`)."""
-    if not conn_id:
-        return {}
-    from airflow.sdk import BaseHook
-
-    from emr_ray.cluster.reuse import secret_looking
-
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception:  # not defined here (a test, a connection only some DAGs use): its id decides
-        return {"id": conn_id}
-    extra = {k: v for k, v in (conn.extra_dejson or {}).items() if not secret_looking(str(k))}
-    return {"id": conn_id, "type": conn.conn_type, "host": conn.host, "port": conn.port, "schema": conn.schema,
-            "login": conn.login, "extra": extra}  # fmt: skip
 
 
 class RayJobOperator(BaseOperator):
@@ -232,12 +206,8 @@ class RayJobOperator(BaseOperator):
         never a password). Warm pools are single-tenant: a job never runs in the processes of a pool
         that served another account's jobs (:mod:`emr_ray.cluster.jobs.warm`), even when two
         deployments use the same connection ids."""
-        import hashlib
-
-        connections = {"ray": self.ray_conn_id, "cos": self.cos_conn_id, "hdfs": self.hdfs_conn_id,
-                       "mlflow": getattr(self, "mlflow_conn_id", None)}  # fmt: skip
-        pointed = {kind: connection_identity(conn_id) for kind, conn_id in connections.items()}
-        return hashlib.sha256(json.dumps(pointed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return tenant_of({"ray": self.ray_conn_id, "cos": self.cos_conn_id, "hdfs": self.hdfs_conn_id,
+                          "mlflow": getattr(self, "mlflow_conn_id", None)})  # fmt: skip
 
     def dags_folder(self) -> str | None:
         """The folder of the DAG file this task was parsed from, in the DAG bundle version of its run:
@@ -394,33 +364,6 @@ class RayJobOperator(BaseOperator):
                              "is not reused on them", type(e).__name__, e)  # fmt: skip
             return {"external inputs": f"{UNREADABLE}{type(e).__name__}"}
 
-    def _why_not_reuse(
-        self,
-        spec: Mapping[str, Any],
-        submission_id: str,
-        job: Mapping[str, Any],
-        digest: str,
-        external: Mapping[str, str],
-        try_number: int,
-    ) -> str | None:
-        """Why an earlier try's PENDING, RUNNING or SUCCEEDED job must not be reused, or None: the
-        spec digest differs, its external inputs changed, or (a finished job) its result no longer
-        stands (:meth:`stale_result`)."""
-        metadata = job.get("metadata") or {}
-        if metadata.get(DIGEST_KEY) != digest:
-            return f"inputs or code changed since try {try_number}"
-        if changes := external_changes(metadata.get(EXTERNAL_KEY), external):
-            return "; ".join(changes)
-        if job["status"] != "SUCCEEDED":
-            return None
-        try:
-            event = interpret_job(submission_id, dict(job), self.hook.get_job_logs(submission_id, job))
-            if event["status"] != "success":
-                return f"its result cannot be read ({event['message']})"
-            return self.stale_result(spec, self.read_result(event["result"]))
-        except Exception as e:
-            return f"its result could not be checked ({type(e).__name__}: {e})"
-
     def _reattach_or_submit(
         self,
         identity: TaskIdentity,
@@ -428,61 +371,76 @@ class RayJobOperator(BaseOperator):
         runtime_env: dict[str, Any],
         secrets: Mapping[str, str] | None = None,
     ) -> str:
-        """Take over an earlier try's job with the same spec digest and the same external inputs
-        (:meth:`external_inputs`) whose result still stands (:meth:`stale_result`), else submit this
-        try's job (its ``secrets`` staged on the cluster: :mod:`emr_ray.cluster.secrets`)."""
+        """Take over an earlier try's job whose work still stands (:func:`emr_ray.hooks.ray_reuse.decide`),
+        else submit this try's job (its ``secrets`` staged on the cluster: :mod:`emr_ray.cluster.secrets`)."""
         force = as_bool(self.force_recompute)
         if force:
             runtime_env = merge_runtime_env(runtime_env, {"env_vars": {FORCE_ENV: "1"}})
             self.log.info("force_recompute: no earlier try's job is reused; the job ignores stored results")
         digest = self.spec_digest(spec, runtime_env)
         external = self._external_inputs(spec)
+        choice = self._choose(identity, spec, digest, external, force)
+        for note in choice.notes:
+            self.log.info("%s", note)
+        for superseded in choice.stop:
+            self.log.warning("Stopping superseded Ray job %s: its result would not be used", superseded)
+            self._stop_quietly(superseded)
+        if choice.action == REFUSE:
+            raise RayClusterError(choice.message)
+        if choice.action == REATTACH and choice.submission_id:
+            self.log.info("Reattaching to Ray job %s instead of submitting again: %s", choice.submission_id,
+                          choice.message)  # fmt: skip
+            return choice.submission_id
+        return self._submit(identity, spec, runtime_env, secrets or {}, digest, external)
+
+    def _choose(
+        self,
+        identity: TaskIdentity,
+        spec: Mapping[str, Any],
+        digest: str,
+        external: Mapping[str, str],
+        force: bool,
+    ) -> Choice:
+        """:func:`decide` on the tries' jobs as the Jobs API lists them, checking a finished job's
+        result when the decision asks (the one I/O it needs beyond the listing)."""
+        jobs: dict[str, dict[str, Any]] = {}
+        tries: list[TryJob] = []
         for try_number in range(identity.try_number, 0, -1):
-            earlier = TaskIdentity(
-                identity.dag_id, identity.run_id, identity.task_id, identity.map_index, try_number
-            )
-            submission_id = earlier.submission_id()
-            job = self.hook.get_job(submission_id)
-            if job is None:
-                continue
-            status = job["status"]
-            if try_number == identity.try_number:
-                same = (job.get("metadata") or {}).get(DIGEST_KEY) == digest
-                if same and status in REUSABLE_STATES:
-                    self.log.info("Reattaching to Ray job %s of this try (%s)", submission_id, status)
-                    return submission_id
-                raise RayClusterError(
-                    f"Ray job {submission_id} of this try already exists ({status}"
-                    f"{'' if same else ', another spec'}); clear the task to run it again."
-                )
-            if status not in REUSABLE_STATES:
-                continue  # FAILED or STOPPED: final, never resumed
-            why = "force_recompute" if force else self._why_not_reuse(
-                spec, submission_id, job, digest, external, try_number
-            )  # fmt: skip
-            if why is None:
-                self.log.info("Reattaching to Ray job %s of try %d (%s) instead of submitting again: same "
-                              "spec digest %s%s", submission_id, try_number, status, digest[:12],
-                              ", same external inputs" if external else "")  # fmt: skip
-                return submission_id
-            self.log.info("Not reusing Ray job %s of try %d (%s): %s", submission_id, try_number, status, why)
-            if status != "SUCCEEDED":
-                self.log.warning(
-                    "Stopping superseded Ray job %s: its result would not be used", submission_id
-                )
-                self._stop_quietly(submission_id)
+            submission_id = dataclasses.replace(identity, try_number=try_number).submission_id()
+            if (job := self.hook.get_job(submission_id)) is not None:
+                jobs[submission_id] = job
+                tries.append(TryJob(try_number, submission_id, job["status"], job.get("metadata") or {}))
+        while True:
+            choice = decide(identity.try_number, tries, digest=digest, external=external, force=force)
+            if choice.action != CHECK_RESULT or choice.submission_id is None:
+                return choice
+            problem = self._result_problem(spec, choice.submission_id, jobs[choice.submission_id])
+            tries = [dataclasses.replace(t, result_problem=problem) if t.submission_id == choice.submission_id
+                     else t for t in tries]  # fmt: skip
+
+    def _result_problem(self, spec: Mapping[str, Any], submission_id: str, job: dict[str, Any]) -> str:
+        """Why a finished earlier job's result no longer stands ("" when it stands: :meth:`stale_result`)."""
+        try:
+            event = interpret_job(submission_id, dict(job), self.hook.get_job_logs(submission_id, job))
+            if event["status"] != "success":
+                return f"its result cannot be read ({event['message']})"
+            return self.stale_result(spec, self.read_result(event["result"])) or ""
+        except Exception as e:
+            return f"its result could not be checked ({type(e).__name__}: {e})"
+
+    def _submit(
+        self,
+        identity: TaskIdentity,
+        spec: dict[str, Any],
+        runtime_env: dict[str, Any],
+        secrets: Mapping[str, str],
+        digest: str,
+        external: Mapping[str, str],
+    ) -> str:
+        """Submit this try's job, its secrets (and the runtime_env's secret-looking variables) staged
+        apart from its runtime_env (:func:`emr_ray.hooks.ray_secrets.stage_for_job`)."""
         submission_id = identity.submission_id()
-        moved = self._secret_env_vars(runtime_env)
-        if moved:
-            secrets = {**moved, **(secrets or {})}
-            self.log.info("Moving %d secret-looking environment variable(s) of the runtime_env (%s) to the "
-                          "secret channel: the Jobs API and the dashboard show a runtime_env", len(moved),
-                          ", ".join(sorted(moved)))  # fmt: skip
-        if secrets:
-            ref = ray_secrets.stage(self.hook, secrets)
-            runtime_env = merge_runtime_env(runtime_env, {"env_vars": {SECRET_REF_ENV: ref}})
-            self.log.info("Staged %d secret(s) for the job (%s); none is in its runtime_env",
-                          len(secrets), ", ".join(sorted(secrets)))  # fmt: skip
+        runtime_env, moved = ray_secrets.stage_for_job(self.hook, runtime_env, secrets, self.log)
         self.hook.submit_job(
             entrypoint=entrypoint(self.job_module, spec),
             submission_id=submission_id,
@@ -497,20 +455,11 @@ class RayJobOperator(BaseOperator):
             },  # fmt: skip
             entrypoint_num_cpus=self.entrypoint_num_cpus,
             entrypoint_resources=self.entrypoint_resources,
-            without_env_vars=set(moved),
+            without_env_vars=moved,
         )
         self.log.info("Submitted Ray job %s (%s, spec digest %s%s)", submission_id, self.job_module, digest[:12],
                       "".join(f"; {name}: {value}" for name, value in sorted(external.items())))  # fmt: skip
         return submission_id
-
-    def _secret_env_vars(self, runtime_env: Mapping[str, Any]) -> dict[str, str]:
-        """The runtime_env's environment variables (the connection's and the task's) whose names say
-        they hold a secret (:func:`emr_ray.cluster.reuse.secret_looking`): they go to the job through
-        the secret channel instead (the driver exports them; workers fetch them with the job's other
-        secrets)."""
-        merged = self.hook.job_runtime_env(runtime_env)
-        return {name: str(value) for name, value in (merged.get("env_vars") or {}).items()
-                if name not in (SECRET_REF_ENV, FORCE_ENV) and secret_looking(name)}  # fmt: skip
 
     _log_lines_printed = 0
 
@@ -576,35 +525,7 @@ class RayJobOperator(BaseOperator):
             self.report_usage(result)
             self.log_outcome(result)
             return result.to_dict() if isinstance(result, JobResult) else result
-        reason = event.get("reason")
-        message = (
-            f"Ray job {submission_id} {event.get('message')}\nFull log: {self.hook.job_url(submission_id)}"
-        )
-        if reason == "monitor_lost":
-            raise RayMonitorLostError(event["message"])
-        if reason == "auth":
-            raise RayAuthError(event["message"])
-        if event.get("input_error"):
-            raise RayJobInputError(
-                f"{message}\nThe job failed on its input: the task fails without retries; fix the input "
-                "or the task's arguments, then clear the task."
-            )
-        own = getattr(self, "_own_submission_id", None)
-        if reason == "stopped" and own and submission_id != own:
-            raise RayJobTakenOverStoppedError(
-                f"{message}\nThis try had taken over that job from an earlier try, and it was stopped: most "
-                "likely by the earlier try's late on_kill (Airflow declared it a zombie and killed it). Not "
-                f"final: the retry submits its own job ({own} is this try's own name)."
-            )
-        if reason == "stopped":
-            raise RayJobStoppedError(
-                f"{message}\nSomeone stopped the job (dashboard, `ray job stop`): STOPPED is final and the "
-                "task is not retried; clear the task to run it again."
-            )
-        if reason == "pending_timeout":
-            error = RayJobUnschedulableError if event.get("unschedulable") else RayJobPendingTimeoutError
-            raise error(message)
-        raise RayJobFailedError(message)
+        raise failure_of(event, self.hook.job_url(submission_id), getattr(self, "_own_submission_id", None))
 
     def read_result(self, raw: Any) -> Any:
         """The job's result as :attr:`result_type` (:mod:`emr_ray.cluster.results`), as it is read
@@ -679,33 +600,16 @@ class RayJobOperator(BaseOperator):
             return False
 
     def _claim(self, ti: Any, try_number: int) -> None:
-        """Record that this try owns its job (submitted or taken over), where an earlier try can see it:
-        an earlier try that Airflow declared a zombie may run ``on_kill`` late, after this try took its
-        job over; it must leave the job to this try (:meth:`on_kill`)."""
-        self._ti, self._try_number = ti, try_number
-        ti.xcom_push(
-            key=OWNER_XCOM_KEY, value={"submission_id": self._submission_id, "try_number": try_number}
-        )
-
-    def _taken_over_by(self) -> int | None:
-        """The later try that owns this try's job now, or None (this try owns it, or nobody can say)."""
-        ti, mine = getattr(self, "_ti", None), getattr(self, "_try_number", None)
-        if ti is None or mine is None or not hasattr(ti, "xcom_pull"):
-            return None
-        try:
-            owner = ti.xcom_pull(task_ids=ti.task_id, key=OWNER_XCOM_KEY, map_indexes=ti.map_index)
-        except Exception as e:  # best effort, as on_kill must be: without an answer, the job is stopped
-            self.log.warning("Could not read which try owns Ray job %s (%s)", self._submission_id, e)
-            return None
-        if isinstance(owner, Mapping) and owner.get("submission_id") == self._submission_id:
-            later = int(owner.get("try_number") or 0)
-            return later if later > mine else None
-        return None
+        """Record that this try owns its job (submitted or taken over): :mod:`.ray_ownership`."""
+        self._try_number = try_number
+        self._owner = Ownership(ti, try_number, str(self._submission_id))
+        self._owner.claim()
 
     def on_kill(self) -> None:
         """Stop this try's job, unless a later try has taken it over (this try is a zombie Airflow
         killed late: stopping would fail the successor's run)."""
-        if later := self._taken_over_by():
+        owner = getattr(self, "_owner", None)
+        if owner is not None and (later := owner.taken_over_by(self.log)):
             self.log.warning("Not stopping Ray job %s: try %d has taken it over and owns it now",
                              self._submission_id, later)  # fmt: skip
             return

@@ -25,7 +25,7 @@ import pytest
 
 from emr_ray.cluster import partitions
 from emr_ray.cluster.results import SparkResult, TrainResult
-from emr_ray.cluster.reuse import DIGEST_KEY, EXTERNAL_KEY
+from emr_ray.cluster.reuse import DIGEST_KEY, EXTERNAL_KEY, FORCE_ENV
 from emr_ray.cluster.spec import RESULT_MARKER
 from emr_ray.identity import TaskIdentity
 from emr_ray.operators.ray import RayJobOperator
@@ -51,7 +51,11 @@ class FakeJobsApi:
         return self.logs.get(submission_id, "")
 
     def submit_job(self, *, submission_id: str, metadata: dict[str, str], **kwargs: Any) -> str:
-        self.jobs[submission_id] = {"status": "PENDING", "metadata": metadata}
+        self.jobs[submission_id] = {
+            "status": "PENDING",
+            "metadata": metadata,
+            "runtime_env": kwargs["runtime_env"],
+        }
         self.submitted.append(submission_id)
         return submission_id
 
@@ -233,7 +237,8 @@ def test_force_recompute_and_final_states_still_reuse_nothing(tmp_path):
     forced = preprocess_operator(tmp_path)
     forced.force_recompute = True
     second = run_try(forced, api, spec, 2)
-    assert second != first
+    assert second != first  # the finished job with the same spec is not taken, and its job is told so:
+    assert api.jobs[second]["runtime_env"]["env_vars"][FORCE_ENV] == "1"  # it ignores stored results too
     api.finish(second, {}, status="FAILED")
     api.jobs[first]["status"] = "STOPPED"
     assert run_try(preprocess_operator(tmp_path), api, spec, 3) not in (first, second)
