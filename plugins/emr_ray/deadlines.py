@@ -41,11 +41,16 @@ def warn_after(interval: timedelta) -> Any:
 
 def describe_miss(context: dict[str, Any]) -> str:
     """One line naming the run, when it was queued, its deadline and its state."""
+    from emr_ray.params import partition_of
+
     run = context.get("dag_run") or {}
     deadline = (context.get("deadline") or {}).get("deadline_time")
+    partition = partition_of(
+        (run.get("conf") or {}).get("partition"), run.get("logical_date"), run.get("run_after")
+    )
     return (
         f"Deadline missed: DAG {run.get('dag_id')!r} run {run.get('dag_run_id')!r} "
-        f"(partition {(run.get('conf') or {}).get('partition') or str(run.get('logical_date') or '')[:10]}, "
+        f"(partition {partition or ''}, "
         f"queued at {run.get('queued_at')}) was not done by {deadline}; it is {run.get('state')}. "
         "Check the partition's arrival and the queues of the ray_spark and ray_train pools."
     )

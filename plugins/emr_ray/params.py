@@ -110,28 +110,38 @@ PARTITION_TEMPLATE = (
 )
 
 
+def partition_of(chosen: Any = None, logical_date: Any = None, run_after: Any = None) -> str | None:
+    """The partition rule of :data:`PARTITION_TEMPLATE`, the one copy every reader uses (the task
+    context, the Retraining view, the audit, the deadline alert): the ``partition`` a run was given;
+    else its logical date; else the day before it ran. Dates as datetimes or ISO text (the REST
+    API's); None when the run has none."""
+    import datetime as dt
+
+    if chosen:
+        return str(chosen)[:10]
+    if logical_date:
+        return (
+            logical_date.strftime("%Y-%m-%d") if isinstance(logical_date, dt.date) else str(logical_date)[:10]
+        )
+    if run_after:
+        if not isinstance(run_after, dt.datetime):
+            run_after = dt.datetime.fromisoformat(str(run_after).replace("Z", "+00:00"))
+        return (run_after - dt.timedelta(days=1)).strftime("%Y-%m-%d")
+    return None
+
+
 def run_partition(context: Mapping[str, Any]) -> str | None:
-    """The partition a run processes, from its task context, as :data:`PARTITION_TEMPLATE` renders it.
+    """The partition a run processes, from its task context (:func:`partition_of`).
 
     The default ``partition`` tag of both a training's MLflow run and its model version, so the two
     agree in every kind of run (a manual run without a logical date has no ``ds``). None when the
     context has no date at all (a bare context in a test).
     """
-    import datetime as dt
-
-    chosen = (context.get("params") or {}).get("partition")
-    if chosen:
-        return str(chosen)
     dag_run = context.get("dag_run")
-    logical_date = getattr(dag_run, "logical_date", None) or context.get("logical_date")
-    if logical_date:
-        return str(logical_date.strftime("%Y-%m-%d"))
-    if context.get("ds"):  # the logical date's text, in a context without the date itself
-        return str(context["ds"])
-    run_after = getattr(dag_run, "run_after", None)
-    if run_after:
-        return str((run_after - dt.timedelta(days=1)).strftime("%Y-%m-%d"))
-    return None
+    logical = getattr(dag_run, "logical_date", None) or context.get("logical_date") or context.get("ds")
+    return partition_of(
+        (context.get("params") or {}).get("partition"), logical, getattr(dag_run, "run_after", None)
+    )
 
 
 def run_type(context: Mapping[str, Any]) -> str:

@@ -18,6 +18,7 @@ from emr_ray.params import (
     arrival_conf,
     committed_generation,
     committed_output,
+    partition_of,
     partition_param,
     run_partition,
     run_type,
@@ -70,6 +71,22 @@ def test_run_type_is_the_plain_value_of_the_task_sdks_enum(kind: RunKind):
     assert run_type(context) == kind.run_type
     assert str(context["dag_run"].run_type) != kind.run_type  # why the value is taken
     assert run_type({}) == ""
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.name)
+def test_every_reader_of_a_run_names_the_partition_its_tasks_process(kind: RunKind):
+    """One rule (:func:`partition_of`) for the task context, the Retraining view (plain records), the
+    audit and the deadline alert (the REST API's run, dates as ISO text)."""
+    from emr_ray.audit.rules import run_partition as audited
+    from emr_ray.deadlines import describe_miss
+
+    context = kind.context()
+    run = context["dag_run"]
+    as_rest = {"conf": {"partition": context["params"].get("partition")}, "run_after": run.run_after.isoformat(),
+               "logical_date": run.logical_date.isoformat() if run.logical_date else None}  # fmt: skip
+    assert partition_of(context["params"].get("partition"), run.logical_date, run.run_after) == kind.partition
+    assert audited(as_rest) == kind.partition
+    assert f"(partition {kind.partition}," in describe_miss({"dag_run": as_rest})
 
 
 def test_a_context_without_any_date_has_no_partition():

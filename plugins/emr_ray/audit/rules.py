@@ -18,7 +18,6 @@ Each rule returns :class:`Finding` s, each on one line of the table:
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 from collections import Counter
@@ -28,6 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 from emr_ray.cluster.promotion import Comparison, NonFiniteMetricError, decide, historical_reason
+from emr_ray.params import partition_of
 
 LINES = ("lost", "duplicated", "orphaned", "misdecided", "leaked")
 #: task instance states in which a try is alive or about to run again (its Ray job is still owned)
@@ -334,14 +334,9 @@ def find_secrets(texts: Mapping[str, str], secrets: Iterable[str]) -> list[Findi
 # -- the table ------------------------------------------------------------------------------------
 def run_partition(run: Mapping[str, Any]) -> str | None:
     """The partition an Airflow run processes (the DAGs' ``PARTITION_TEMPLATE``, from the REST API's run)."""
-    if (run.get("conf") or {}).get("partition"):
-        return str(run["conf"]["partition"])[:10]
-    if run.get("logical_date"):
-        return str(run["logical_date"])[:10]
-    if run.get("run_after"):
-        after = dt.datetime.fromisoformat(str(run["run_after"]).replace("Z", "+00:00"))
-        return (after - dt.timedelta(days=1)).strftime("%Y-%m-%d")
-    return None
+    return partition_of(
+        (run.get("conf") or {}).get("partition"), run.get("logical_date"), run.get("run_after")
+    )
 
 
 def count_faults(fault_log: Iterable[str]) -> dict[str, int]:

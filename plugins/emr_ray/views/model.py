@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emr_ray.cluster.results import JobResult, SparkResult, TrainResult, Usage
+from emr_ray.params import partition_of
 from emr_ray.views.records import Registry, RunRecord, TaskRecord
 
 #: Airflow's run types as the view names them
@@ -177,13 +178,7 @@ def run_partition(run: RunRecord, preprocess: SparkResult | None) -> str | None:
     day before a manual run without one)."""
     if preprocess and preprocess.partition:
         return preprocess.partition
-    if run.conf.get("partition"):
-        return str(run.conf["partition"])
-    if run.logical_date is not None:
-        return run.logical_date.strftime("%Y-%m-%d")
-    if run.run_after is not None:
-        return (run.run_after - dt.timedelta(days=1)).strftime("%Y-%m-%d")
-    return None
+    return partition_of(run.conf.get("partition"), run.logical_date, run.run_after)
 
 
 def _number(value: Any) -> float | None:
