@@ -70,13 +70,7 @@ with DAG(
     )  # fmt: skip
     check_cluster = RayConnectOperator(
         task_id="check_cluster",
-        min_ray_version="2.50",
-        # what this run will ask for, as preprocess and train below request it (Spark stops before training)
-        workers="{{ params.num_workers }}",
-        resources_per_worker={"CPU": 1},
-        spark_executors=1,
-        spark_executor_cores=1,
-        spark_executor_memory="1g",
+        min_ray_version="2.50",  # and room for what preprocess and train below ask for, read from them
     )
     preprocess = RayDPSparkOperator(
         task_id="preprocess",

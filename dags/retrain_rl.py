@@ -57,11 +57,7 @@ with DAG(
 ) as dag:
     check_cluster = RayConnectOperator(
         task_id="check_cluster",
-        min_ray_version="2.50",
-        # what train below asks for: its driver (the learner) and one CPU per EnvRunner actor
-        workers="{{ params.num_env_runners }}",
-        resources_per_worker={"CPU": 1},
-        driver_cpus=1,
+        min_ray_version="2.50",  # and room for train below, read from it: its driver, a CPU per EnvRunner
     )
     train = RLlibTrainOperator(
         task_id="train",

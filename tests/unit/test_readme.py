@@ -246,7 +246,8 @@ def test_the_first_dag_builds_as_written():
         assert key.endswith(f"/raw/dt={kind.partition}/_SUCCESS"), (kind.name, key)
         assert preprocess.render_template(preprocess.partition, context) == kind.partition, kind.name
     check, train = dag.get_task("check_cluster"), dag.get_task("train")
-    assert check.workers == train.num_workers  # the scaling is stated once
+    asked = check.run_request({"params": dict(dag.params)})  # the scaling is stated once, on the tasks
+    assert asked.workers == train.num_workers and asked.spark_executors == preprocess.num_executors
 
 
 def test_the_readme_is_a_guide_not_a_log():

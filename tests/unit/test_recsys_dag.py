@@ -44,11 +44,6 @@ def test_the_model_reads_what_the_preprocessing_writes(dag):
     assert settings["negatives"] == 4 and settings["min_interactions"] >= 2
 
 
-def test_the_cluster_check_asks_for_the_trainers_workers(dag):
-    check, train = dag.get_task("check_cluster"), dag.get_task("train")
-    assert check.workers == train.num_workers == "{{ params.num_workers }}"
-
-
 @pytest.mark.parametrize(
     ("config", "message"),
     [

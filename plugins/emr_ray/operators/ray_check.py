@@ -29,10 +29,12 @@ class RayConnectOperator(BaseOperator):
     30-90 s outage of the dashboard (a restart) otherwise failed every run that reached its check
     then, each try at once (found by the chaos soak). Past that, it fails naming the address.
 
-    What the run asks for is described by the same numbers its tasks use: ``workers`` and
-    ``resources_per_worker`` (and ``use_gpu``) of the training task, ``spark_executors``,
-    ``spark_executor_cores`` and ``spark_executor_memory`` of the Spark task, and ``driver_cpus``
-    (their ``entrypoint_num_cpus``). Spark is stopped before training starts, so each resource is
+    What the run asks for is read from the training and Spark tasks downstream of this one, their own
+    arguments rendered for this run (a DAG states its scaling once). A check without such tasks
+    downstream states it here, in the same numbers: ``workers`` and ``resources_per_worker`` (and
+    ``use_gpu``) of the training task, ``spark_executors``, ``spark_executor_cores`` and
+    ``spark_executor_memory`` of the Spark task, and ``driver_cpus`` (their ``entrypoint_num_cpus``);
+    stated numbers win over the tasks'. Spark is stopped before training starts, so each resource is
     checked against the larger of the two phases, not their sum (:class:`RunRequest`). The cluster's
     total is what counts: resources that other jobs hold now are free again later. Each training
     worker, Spark executor and job driver must also fit on one node (Ray never splits one across
@@ -102,7 +104,48 @@ class RayConnectOperator(BaseOperator):
     def hook(self) -> RayHook:
         return RayHook(self.ray_conn_id, retry_seconds=self.unreachable_retry_seconds)
 
-    def run_request(self) -> RunRequest:
+    def run_request(self, context: Any = None) -> RunRequest:
+        """The rendered arguments as a :class:`RunRequest`; when they name neither workers nor Spark
+        executors, what this run's downstream training and Spark tasks will ask for, their own
+        arguments rendered in ``context`` (:meth:`downstream_request`): one statement of the scaling."""
+        stated = self.stated_request()
+        if context is None or stated.workers or stated.spark_executors:
+            return stated
+        return self.downstream_request(context) or stated
+
+    def downstream_request(self, context: Any) -> RunRequest | None:
+        """What the Ray tasks after this one ask for: a training's workers (Ray Train workers, or an
+        RLlib training's EnvRunners at 1 CPU each), a Spark task's executors, the largest driver
+        reservation. None when no such task follows (a DAG of other operators)."""
+        from emr_ray.operators.ray import RayJobOperator
+        from emr_ray.operators.raydp import RayDPSparkOperator
+        from emr_ray.operators.rllib import RLlibTrainOperator
+        from emr_ray.operators.torch import TorchTrainOperator
+
+        def rendered(task: BaseOperator, value: Any) -> Any:
+            return task.render_template(value, context)
+
+        fields: dict[str, Any] = {}
+        drivers = [0.0]
+        for task in self.get_flat_relatives(upstream=False):
+            if isinstance(task, TorchTrainOperator):
+                fields |= {"workers": int(number_of(rendered(task, task.num_workers))),
+                           "resources_per_worker": mapping_of(rendered(task, task.resources_per_worker)),
+                           "use_gpu": as_bool(rendered(task, task.use_gpu))}  # fmt: skip
+            elif isinstance(task, RLlibTrainOperator):
+                fields |= {"workers": int(number_of(rendered(task, task.num_env_runners))),
+                           "resources_per_worker": {"CPU": 1.0}}  # fmt: skip
+            elif isinstance(task, RayDPSparkOperator):
+                fields |= {"spark_executors": int(number_of(rendered(task, task.num_executors))),
+                           "spark_executor_cores": number_of(rendered(task, task.executor_cores), 1.0),
+                           "spark_executor_memory": parse_memory(rendered(task, task.executor_memory))}  # fmt: skip
+            if isinstance(task, RayJobOperator):
+                drivers.append(number_of(task.entrypoint_num_cpus))
+        if not fields:
+            return None
+        return RunRequest(driver_cpus=max(drivers), **fields)
+
+    def stated_request(self) -> RunRequest:
         """The rendered arguments as a :class:`RunRequest`."""
         return RunRequest(
             workers=int(number_of(self.workers)),
@@ -146,7 +189,7 @@ class RayConnectOperator(BaseOperator):
                 f"Ray cluster at {self.hook.dashboard_url} runs Ray {ray_version}, older than the required "
                 f"{self.min_ray_version}; upgrade the cluster or lower min_ray_version."
             )
-        request = self.run_request()
+        request = self.run_request(context)
         if request.peak():
             self.log.info("This run asks for at most %s (training %s, Spark %s)", request.peak(),
                           request.training(), request.spark())  # fmt: skip
