@@ -285,8 +285,19 @@ class CompareSection(SpecPart):
         _require(bool(self.alias), "compare.alias is empty; name the alias to compare with, e.g. 'champion'.")
 
 
+class RunFolder:
+    """A spec whose run keeps its state and checkpoints under ``<storage_path>/<run_name>``."""
+
+    storage_path: str
+    run_name: str
+
+    @property
+    def run_uri(self) -> str:
+        return storage.join(self.storage_path, self.run_name)
+
+
 @dataclass(frozen=True)
-class TrainJobSpec(SpecPart):
+class TrainJobSpec(SpecPart, RunFolder):
     """``emr_ray.cluster.jobs.train``: a Ray Train ``TorchTrainer`` fit over committed Parquet datasets."""
 
     train_loop: str
@@ -355,7 +366,7 @@ RLLIB_ALGORITHMS = ("APPO", "DQN", "IMPALA", "PPO", "SAC")
 
 
 @dataclass(frozen=True)
-class RLlibJobSpec(SpecPart):
+class RLlibJobSpec(SpecPart, RunFolder):
     """``emr_ray.cluster.jobs.rllib``: an RLlib algorithm trained iteration by iteration on a Gymnasium
     environment, checkpointed under ``<storage_path>/<run_name>`` so that a retry resumes."""
 

@@ -397,7 +397,7 @@ def run(spec: RLlibJobSpec) -> RLlibResult:
     algo_config = build_config(spec)
     options = spec.storage.options()
     print_key = fingerprint(spec)
-    run_state = RunState(*storage.resolve(storage.join(spec.storage_path, spec.run_name), options))
+    run_state = RunState(*storage.resolve(spec.run_uri, options))
     state = resume_state(spec, run_state, print_key, force=os.environ.get(FORCE_ENV) == "1")
     if stored := RLlibResult.read(state.get("result")):
         log.info("Run %s already finished with this spec; returning its stored result.", spec.run_name)

@@ -321,7 +321,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> TrainResult:
     inputs = resolve_inputs(spec, options)
     pin_inputs(spec, inputs, options)
     print_key = fingerprint(spec, input_manifests(spec, options, inputs))
-    run_state = RunState(*storage.resolve(storage.join(spec.storage_path, spec.run_name), options))
+    run_state = RunState(*storage.resolve(spec.run_uri, options))
     force = os.environ.get(FORCE_ENV) == "1"
     stored_state = run_state.read()
     _usage.lap("check_inputs")
@@ -348,7 +348,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> TrainResult:
     # A killed job's warm call on this run may still be writing its checkpoints: one writer per run.
     # Wait before deciding what to resume: a run folder cleared for other inputs while that call
     # still wrote into it would hand this run the other inputs' weights.
-    train_group.wait_for_abandoned_calls(storage.join(spec.storage_path, spec.run_name))
+    train_group.wait_for_abandoned_calls(spec.run_uri)
     state = resume_state(spec, run_state, print_key, force=force, state=stored_state)
     plan["inputs"] = print_key  # every checkpoint carries it; one of other inputs is never resumed
     resuming = state.get("mlflow_run_id")

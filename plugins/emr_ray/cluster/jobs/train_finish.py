@@ -61,7 +61,7 @@ def log_and_compare_stored(
     """:func:`log_and_compare` for a checkpoint kept in the run's folder (a warm group's: the call
     passes its path, and rank 0 reads it with the call's storage options). Rank 0 serves the next
     jobs: the champion is scored in a process that ends with the call."""
-    fsys, _ = storage.resolve(storage.join(spec.storage_path, spec.run_name), options)
+    fsys, _ = storage.resolve(spec.run_uri, options)
     checkpoint = StoredCheckpoint(fsys, checkpoint_path)
     return log_and_compare(spec, plan, options, mlflow_run_id, checkpoint, isolated=True)
 

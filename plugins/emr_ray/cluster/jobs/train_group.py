@@ -41,7 +41,7 @@ from typing import Any
 
 from emr_ray.cluster.jobs import warm, warm_actor
 from emr_ray.cluster.jobs.warm_actor import LEASE_TIMEOUT_S
-from emr_ray.cluster.spec import ScalingSpec, worker_resources
+from emr_ray.cluster.spec import ScalingSpec
 
 log = logging.getLogger("emr_ray.cluster.jobs.train_group")
 
@@ -77,12 +77,6 @@ def group_key(
         NAME_PREFIX,
         {"scaling": dict(scaling), "runtime_env": dict(runtime_env), "code": code, "tenant": tenant},
     )
-
-
-def bundle(scaling: Mapping[str, Any]) -> dict[str, float]:
-    """One worker's placement bundle for a scaling as a mapping: :func:`emr_ray.cluster.spec.worker_resources`,
-    the rule Ray Train and the cluster check use (the group itself reads ``ScalingSpec.per_worker``)."""
-    return worker_resources(scaling.get("resources_per_worker"), bool(scaling.get("use_gpu")))
 
 
 class TrainWorker:

@@ -123,7 +123,7 @@ def begin_run(spec: TrainJobSpec, options: Any, resume_run_id: str | None) -> st
         clean_process.prepare()
     run_id = start_run(spec, resume_run_id)
     if resume_run_id:
-        fsys, path = storage.resolve(storage.join(spec.storage_path, spec.run_name), options)
+        fsys, path = storage.resolve(spec.run_uri, options)
         backfill_checkpointed_epochs(fsys, path, spec, run_id)
     return run_id
 

@@ -71,7 +71,7 @@ class WarmTrainer:
         self.spec, self.plan, self.options, self.job_runtime_env = spec, plan, options, job_runtime_env
         self.resume_run_id, self.on_run_started = resume_run_id, on_run_started
         self.mlflow_run_id: str | None = None
-        self.run_uri = storage.join(spec.storage_path, spec.run_name)
+        self.run_uri = spec.run_uri
         fsys, run_path = storage.resolve(self.run_uri, options)
         self.store = CheckpointStore(fsys, run_path, spec.checkpoint, plan.get("inputs"))
         self.last: dict[str, Any] = {}
