@@ -76,8 +76,14 @@ with DAG(
             confs = [arrival_conf(day, variable) for day in sorted(d for d in dates if d)]
         except ValueError as e:  # a retry reads the same Variable
             raise AirflowFailException(str(e)) from e
-        return unprocessed(confs, RAW_URI, MODEL, cos_conn_id=WATCH_CONN_ID, mlflow_conn_id="mlflow_default",
-                           log=logging.getLogger("airflow.task"))  # fmt: skip
+        return unprocessed(
+            confs,
+            RAW_URI,
+            MODEL,
+            cos_conn_id=WATCH_CONN_ID,
+            mlflow_conn_id="mlflow_default",
+            log=logging.getLogger("airflow.task"),
+        )
 
     TriggerDagRunOperator.partial(
         task_id="retrain",

@@ -80,9 +80,12 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     wait_for_partition = COSSensor(
-        task_id="wait_for_partition", bucket_key=f"{RAW}/dt={PARTITION}/_SUCCESS", poke_interval=60,
-        timeout=6 * 3600, mode="reschedule",
-    )  # fmt: skip
+        task_id="wait_for_partition",
+        bucket_key=f"{RAW}/dt={PARTITION}/_SUCCESS",
+        poke_interval=60,
+        timeout=6 * 3600,
+        mode="reschedule",
+    )
     check_cluster = RayConnectOperator(
         task_id="check_cluster",
         min_ray_version="2.50",  # and room for what preprocess and train below ask for, read from them

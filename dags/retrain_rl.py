@@ -52,7 +52,7 @@ with DAG(
             description="EnvRunner actors that sample (1 CPU each); 0 samples in the job's driver.",
         ),
         "seed": Param(0, type="integer", minimum=0),
-    },  # fmt: skip
+    },
     doc_md=__doc__,
 ) as dag:
     check_cluster = RayConnectOperator(

@@ -137,7 +137,7 @@ with DAG(
             "lr": "{{ params.lr }}",
             "batch_size": "{{ params.batch_size }}",
             "hidden": 64,
-        },  # fmt: skip
+        },
         num_workers="{{ params.num_workers }}",
         use_gpu=False,
         experiment_name="retrain_tabular",

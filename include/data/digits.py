@@ -19,8 +19,12 @@ def write_partitions(root: str, start: str, days: int, options=None) -> list[str
     from emr_ray.cluster import storage
 
     digits = load_digits()
-    table = pa.table({**{p: digits.data[:, i].astype("float64") for i, p in enumerate(PIXELS)},
-                      "label": digits.target.astype("int64")})  # fmt: skip
+    table = pa.table(
+        {
+            **{p: digits.data[:, i].astype("float64") for i, p in enumerate(PIXELS)},
+            "label": digits.target.astype("int64"),
+        }
+    )
     written = []
     fsys, base = storage.resolve(root, options)
     for offset in range(days):

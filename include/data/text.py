@@ -26,14 +26,64 @@ import hashlib
 
 ROWS = 3000
 
-POSITIVE = ["good", "great", "excellent", "wonderful", "amazing", "brilliant", "superb", "delightful",
-            "fantastic", "solid", "pleasant", "impressive", "charming", "reliable", "fun"]  # fmt: skip
-NEGATIVE = ["bad", "terrible", "awful", "poor", "boring", "dreadful", "disappointing", "mediocre",
-            "horrible", "weak", "dull", "annoying", "flimsy", "sloppy", "painful"]  # fmt: skip
+POSITIVE = [
+    "good",
+    "great",
+    "excellent",
+    "wonderful",
+    "amazing",
+    "brilliant",
+    "superb",
+    "delightful",
+    "fantastic",
+    "solid",
+    "pleasant",
+    "impressive",
+    "charming",
+    "reliable",
+    "fun",
+]
+NEGATIVE = [
+    "bad",
+    "terrible",
+    "awful",
+    "poor",
+    "boring",
+    "dreadful",
+    "disappointing",
+    "mediocre",
+    "horrible",
+    "weak",
+    "dull",
+    "annoying",
+    "flimsy",
+    "sloppy",
+    "painful",
+]
 POSITIVE_VERBS = ["love", "enjoy", "like", "recommend", "adore", "appreciate"]
 NEGATIVE_VERBS = ["hate", "regret", "dislike", "resent", "detest", "loathe"]
-NOUNS = ["film", "plot", "acting", "battery", "screen", "service", "food", "staff", "price", "story",
-         "ending", "camera", "delivery", "sound", "design", "hotel", "room", "book", "app", "seller"]  # fmt: skip
+NOUNS = [
+    "film",
+    "plot",
+    "acting",
+    "battery",
+    "screen",
+    "service",
+    "food",
+    "staff",
+    "price",
+    "story",
+    "ending",
+    "camera",
+    "delivery",
+    "sound",
+    "design",
+    "hotel",
+    "room",
+    "book",
+    "app",
+    "seller",
+]
 INTENSIFIERS = ["really", "very", "truly", "quite", "so", "just"]
 # neutral filler, most frequent first: rank r is drawn with probability ~ 1 / r**ZIPF
 COMMON = """the a and to of it i was is in this that for with on my we at but they as had you be
@@ -48,11 +98,44 @@ ZIPF = 1.1
 RARE_WORDS = 2000  # made-up tail words ("bramoli", "tesu"): most appear once or twice a day
 NEGATION_RATE = 0.4
 NOISE_RATE = 0.03
-_SYLLABLES = ["ba", "ro", "li", "te", "su", "mo", "ka", "ne", "vi", "do", "ra", "pe", "zu", "fa", "lo",
-              "mi", "ta", "go", "ve", "sa"]  # fmt: skip
+_SYLLABLES = [
+    "ba",
+    "ro",
+    "li",
+    "te",
+    "su",
+    "mo",
+    "ka",
+    "ne",
+    "vi",
+    "do",
+    "ra",
+    "pe",
+    "zu",
+    "fa",
+    "lo",
+    "mi",
+    "ta",
+    "go",
+    "ve",
+    "sa",
+]
 # untidy spellings users type; the tokeniser (include.preprocessing.text) reduces each to plain words
-_NOISE_TOKENS = ["!!!", "...", ":)", "\U0001f600", "café", "naïve", "5", "2nd", "#1", "(sic)", "--", "\t",
-                 "\n"]  # fmt: skip
+_NOISE_TOKENS = [
+    "!!!",
+    "...",
+    ":)",
+    "\U0001f600",
+    "café",
+    "naïve",
+    "5",
+    "2nd",
+    "#1",
+    "(sic)",
+    "--",
+    "\t",
+    "\n",
+]
 
 
 def vocabulary() -> list[str]:
@@ -144,8 +227,14 @@ def make_partition(partition: str, rows: int = ROWS, seed: int = 0):
         ids.append(f"{partition}-{seed}-{i:06d}")
         negated.append(int(any(f for p, f in zip(polarities, flips, strict=True) if p == polarity)))
         labels.append(1 - label if rng.random() < NOISE_RATE else label)
-    return pa.table({"doc_id": pa.array(ids), "text": pa.array(texts), "label": pa.array(labels, pa.int64()),
-                     "negated": pa.array(negated, pa.int64())})  # fmt: skip
+    return pa.table(
+        {
+            "doc_id": pa.array(ids),
+            "text": pa.array(texts),
+            "label": pa.array(labels, pa.int64()),
+            "negated": pa.array(negated, pa.int64()),
+        }
+    )
 
 
 def write_partitions(

@@ -185,13 +185,16 @@ def evaluate(model, config: dict[str, Any], table) -> dict[str, float]:
         logits = torch.stack([torch.zeros_like(score), score], 1)
         known = items > 0  # an item this model never saw has no score: a miss, outside the loss
         hit = (rank <= K) & (labels == 1)
-        sums += torch.tensor([
-            float(torch.nn.functional.cross_entropy(logits[known], labels[known], reduction="sum")),
-            float(((logits.argmax(1) == labels) & known).sum()),
-            float(hit.sum()),
-            float(torch.where(hit, 1.0 / torch.log2(rank + 1), torch.zeros_like(rank)).sum()),
-            float(known.sum()),
-        ], dtype=torch.float64)  # fmt: skip
+        sums += torch.tensor(
+            [
+                float(torch.nn.functional.cross_entropy(logits[known], labels[known], reduction="sum")),
+                float(((logits.argmax(1) == labels) & known).sum()),
+                float(hit.sum()),
+                float(torch.where(hit, 1.0 / torch.log2(rank + 1), torch.zeros_like(rank)).sum()),
+                float(known.sum()),
+            ],
+            dtype=torch.float64,
+        )
     n = max(table.num_rows, 1)
     return {
         "test_loss": sums[0].item() / max(sums[4].item(), 1),

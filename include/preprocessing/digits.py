@@ -35,8 +35,10 @@ def augment(df, config: dict[str, Any]) -> dict[str, Any]:
     scaled = df.select(
         *[(F.col(p) / scale).cast("float").alias(p) for p in PIXELS], F.col(label).cast("long")
     )
-    train, test = scaled.randomSplit([1.0 - float(config.get("test_fraction", 0.2)), float(config.get("test_fraction", 0.2))],
-                                     seed=int(config.get("seed", 42)))  # fmt: skip
+    train, test = scaled.randomSplit(
+        [1.0 - float(config.get("test_fraction", 0.2)), float(config.get("test_fraction", 0.2))],
+        seed=int(config.get("seed", 42)),
+    )
     shifts = [(0, 1), (0, -1), (1, 0), (-1, 0)] if config.get("augment", True) else []
     augmented = train
     for dr, dc in shifts:

@@ -117,8 +117,10 @@ def score_partition(
     scored = table.append_column(PREDICTION_COLUMN, pa.array(predicted))
     written = partitions.write_tables(final, {"predictions": scored}, manifest, options)
     retention.tidy(final, options)
-    print(f"Scored {table.num_rows} rows of {source} (generation {committed.generation}) with "
-          f"{model_name} v{version}: accuracy {accuracy:.4f}")  # fmt: skip
+    print(
+        f"Scored {table.num_rows} rows of {source} (generation {committed.generation}) with "
+        f"{model_name} v{version}: accuracy {accuracy:.4f}"
+    )
     return {
         "partition": partition,
         "version": version,

@@ -50,16 +50,25 @@ def unprocessed(
             identity = _identity(uri, cos_conn_id, partition_identity)
             version = trained_on(identity, _versions(mlflow_conn_id, model, partition))
         except Exception as e:  # no evidence: run it
-            log.warning("Could not tell whether %s was processed already (%s: %s); running it", uri,
-                        type(e).__name__, e)  # fmt: skip
+            log.warning(
+                "Could not tell whether %s was processed already (%s: %s); running it",
+                uri,
+                type(e).__name__,
+                e,
+            )
             keep.append(conf)
             continue
         if version is None:
             keep.append(conf)
         else:
-            log.info("Skipping the arrival of %s: %s v%s was trained on exactly this raw listing (%s); "
-                     "trigger retrain_tabular by hand with force_recompute to train again", uri, model, version,
-                     identity)  # fmt: skip
+            log.info(
+                "Skipping the arrival of %s: %s v%s was trained on exactly this raw listing (%s); "
+                "trigger retrain_tabular by hand with force_recompute to train again",
+                uri,
+                model,
+                version,
+                identity,
+            )
     return keep
 
 

@@ -69,8 +69,11 @@ def training_runs(dataset_uris: Sequence[str], options: storage.StorageOptions |
     runs = set()
     for uri in dataset_uris:
         for partition_uri in retention.partitions_of(uri, options):
-            runs |= {p.mlflow_run_id for p in retention.pins(partition_uri, options)
-                     if p.body.get("kind") == "training" and p.mlflow_run_id}  # fmt: skip
+            runs |= {
+                p.mlflow_run_id
+                for p in retention.pins(partition_uri, options)
+                if p.body.get("kind") == "training" and p.mlflow_run_id
+            }
     return runs
 
 
@@ -104,8 +107,11 @@ def housekeep(
     options = storage_options(cos_conn_id) if any(u.startswith("cos://") for u in dataset_uris) else None
     runs = training_runs(dataset_uris, options)
     references = registry_lineage.references(MLflowHook(mlflow_conn_id), runs, model_names)
-    log.info("The registry lists %d model version(s); %d training run(s) pinned data", len(references.versions),
-             len(runs))  # fmt: skip
+    log.info(
+        "The registry lists %d model version(s); %d training run(s) pinned data",
+        len(references.versions),
+        len(runs),
+    )
     report = Report(dry_run=dry_run, problems=list(references.problems))
     for problem in report.problems:
         log.warning("Keeping all committed data: %s", problem)
@@ -121,8 +127,13 @@ def housekeep(
         log.info("Kept: %s (%d bytes)", kept.describe(), kept.bytes)
     for model, size in report.kept_bytes().items():
         log.info("Model %s: its kept versions hold %d bytes", model, size)
-    log.info("%s %d item(s) under %d dataset(s)%s", verb, len(report.planned) - len(report.failed),
-             len(dataset_uris), " (dry run: nothing removed)" if dry_run else "")  # fmt: skip
+    log.info(
+        "%s %d item(s) under %d dataset(s)%s",
+        verb,
+        len(report.planned) - len(report.failed),
+        len(dataset_uris),
+        " (dry run: nothing removed)" if dry_run else "",
+    )
     return report
 
 
@@ -183,10 +194,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.holder,
         )
         return 0
-    policy = retention.Policy(keep=args.keep, retain_s=args.retain_days * 86400,
-                              versions=VersionPolicy(args.keep_versions, args.keep_version_days))  # fmt: skip
-    report = housekeep(args.dataset_uris, args.model, cos_conn_id=args.cos_conn_id,
-                       mlflow_conn_id=args.mlflow_conn_id, policy=policy, dry_run=not args.apply)  # fmt: skip
+    policy = retention.Policy(
+        keep=args.keep,
+        retain_s=args.retain_days * 86400,
+        versions=VersionPolicy(args.keep_versions, args.keep_version_days),
+    )
+    report = housekeep(
+        args.dataset_uris,
+        args.model,
+        cos_conn_id=args.cos_conn_id,
+        mlflow_conn_id=args.mlflow_conn_id,
+        policy=policy,
+        dry_run=not args.apply,
+    )
     verb = "Would remove" if report.dry_run else "Removed"
     for removal in report.planned:
         print(f"{'Could not remove' if removal in report.failed else verb} {removal.describe()}")

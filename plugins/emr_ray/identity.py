@@ -94,5 +94,12 @@ def connection_identity(conn_id: str | None) -> dict[str, Any]:
     except Exception:  # not defined here (a test, a connection only some DAGs use): its id decides
         return {"id": conn_id}
     extra = {k: v for k, v in (conn.extra_dejson or {}).items() if not secret_looking(str(k))}
-    return {"id": conn_id, "type": conn.conn_type, "host": conn.host, "port": conn.port, "schema": conn.schema,
-            "login": conn.login, "extra": extra}  # fmt: skip
+    return {
+        "id": conn_id,
+        "type": conn.conn_type,
+        "host": conn.host,
+        "port": conn.port,
+        "schema": conn.schema,
+        "login": conn.login,
+        "extra": extra,
+    }

@@ -122,8 +122,9 @@ def collect(log: logging.Logger | Any, task_id: str, build: Callable[[], Operato
     except ImportError as e:
         log.debug("No OpenLineage lineage for %s: %s", task_id, e)
     except Exception:
-        log.warning("Could not build the OpenLineage lineage of %s; the task is not affected",
-                    task_id, exc_info=True)  # fmt: skip
+        log.warning(
+            "Could not build the OpenLineage lineage of %s; the task is not affected", task_id, exc_info=True
+        )
     return None
 
 
@@ -192,7 +193,7 @@ def spark_lineage(
                 target.name,
                 facets=facets,
                 outputFacets=_present({"outputStatistics": written}),
-            )  # fmt: skip
+            )
         )
     return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=_ray_job_facet(submission_id))
 
@@ -277,8 +278,11 @@ def register_lineage(
     if result.get("version") is not None:
         name, version = str(result["model_name"]), str(result["version"])
         target = model_version_id(registry_uri, name, version)
-        tags = {"mlflow.run_id": run_id, "promoted": str(bool(result.get("promoted"))).lower(),
-                "reused": str(bool(result.get("reused"))).lower()}  # fmt: skip
+        tags = {
+            "mlflow.run_id": run_id,
+            "promoted": str(bool(result.get("promoted"))).lower(),
+            "reused": str(bool(result.get("reused"))).lower(),
+        }
         if result.get("metric") and _is_number(result.get("value")):
             tags[f"metric.{result['metric']}"] = f"{result['value']:g}"
         if result.get("reason"):

@@ -276,6 +276,8 @@ def arrival_conf(partition: str, variable: str | None) -> dict[str, Any]:
             f"The {ARRIVAL_CONF_VARIABLE} Variable is a JSON {type(params).__name__}, not an object: {fix}"
         )
     if "partition" in params:
-        raise ValueError(f"The {ARRIVAL_CONF_VARIABLE} Variable sets 'partition', which each run takes from the "
-                         "partition that landed: remove it")  # fmt: skip
+        raise ValueError(
+            f"The {ARRIVAL_CONF_VARIABLE} Variable sets 'partition', which each run takes from the "
+            "partition that landed: remove it"
+        )
     return params | {"partition": partition}

@@ -82,8 +82,10 @@ def parse_prices(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:
     except ValueError as e:
         return None, f"the {PRICES_VARIABLE} Variable is not JSON ({e}); no cost is recorded"
     if not isinstance(table, dict) or not {"cpu_hour", "gpu_hour"} & set(table):
-        return None, (f'the {PRICES_VARIABLE} Variable needs "cpu_hour" and/or "gpu_hour" (money per hour), e.g. '
-                      '{"cpu_hour": 0.048, "gpu_hour": 2.9, "currency": "USD"}; no cost is recorded')  # fmt: skip
+        return None, (
+            f'the {PRICES_VARIABLE} Variable needs "cpu_hour" and/or "gpu_hour" (money per hour), e.g. '
+            '{"cpu_hour": 0.048, "gpu_hour": 2.9, "currency": "USD"}; no cost is recorded'
+        )
     return table, None
 
 

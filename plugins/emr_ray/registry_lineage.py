@@ -82,8 +82,10 @@ def _unreadable(name: str, e: Exception) -> str:
     from emr_ray.exceptions import MLflowAuthError
 
     if isinstance(e, MLflowAuthError):
-        return (f"registered model {name!r} cannot be read with this login: grant it READ on the model "
-                "(MLflow's auth app hides unreadable models from searches, so nothing is removed meanwhile)")  # fmt: skip
+        return (
+            f"registered model {name!r} cannot be read with this login: grant it READ on the model "
+            "(MLflow's auth app hides unreadable models from searches, so nothing is removed meanwhile)"
+        )
     return f"registered model {name!r} could not be read ({_error(e)})"
 
 

@@ -113,8 +113,11 @@ class RunRequest:
     def unplaceable(self, nodes: Sequence[Mapping[str, float]]) -> list[str]:
         """One line per unit (:meth:`units`) that no single node of ``nodes`` (each node's total
         resources) can hold, whatever the cluster's total: Ray never splits a worker across nodes."""
-        fixes = {"training worker": "lower resources_per_worker", "Spark executor":
-                 "lower executor_cores or executor_memory", "job driver": "lower driver_cpus"}  # fmt: skip
+        fixes = {
+            "training worker": "lower resources_per_worker",
+            "Spark executor": "lower executor_cores or executor_memory",
+            "job driver": "lower driver_cpus",
+        }
         lines = []
         for what, needs in self.units().items():
             if not needs or any(all(float(n.get(k, 0.0)) >= v for k, v in needs.items()) for n in nodes):

@@ -99,8 +99,13 @@ def audit(args: argparse.Namespace) -> dict[str, Any]:
 
     versions, champion = sources.version_states(args.mlflow_conn_id, args.model, args.metric, options, policy)
     findings += check_versions(versions, registered)
-    findings += check_champion(versions, champion, direction=args.direction, min_improvement=args.min_improvement,
-                               promote_historical=args.promote_historical)  # fmt: skip
+    findings += check_champion(
+        versions,
+        champion,
+        direction=args.direction,
+        min_improvement=args.min_improvement,
+        promote_historical=args.promote_historical,
+    )
 
     jobs, pools = sources.ray_state(args.ray_conn_id)
     for job in jobs:  # the tries of active jobs outside the audited runs too
@@ -157,19 +162,43 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--airflow-password", default=os.environ.get("AIRFLOW_AUDIT_PASSWORD"))
     p.add_argument("--airflow-token", default=os.environ.get("AIRFLOW_AUDIT_TOKEN"))
     p.add_argument("--logs", action="append", default=[], help="a folder of logs to search for secrets")
-    p.add_argument("--secret-conn", action="append", default=None,
-                   help="a connection whose secrets must appear in no log (default: cos, ray, mlflow)")  # fmt: skip
+    p.add_argument(
+        "--secret-conn",
+        action="append",
+        default=None,
+        help="a connection whose secrets must appear in no log (default: cos, ray, mlflow)",
+    )
     p.add_argument("--fault-log", help="the chaos run's fault log (JSON lines with a kind)")
-    p.add_argument("--idle-s", type=float, default=2 * 300.0,
-                   help="an uncommitted generation untouched this long is abandoned (writers renew every 300 s)")  # fmt: skip
-    p.add_argument("--warm-idle-s", type=float, default=600.0 + 30.0 + 60.0,
-                   help="the warm pools' idle timeout plus their lease timeout, and a margin")  # fmt: skip
-    p.add_argument("--keep-versions", type=int, default=DEFAULT_KEEP_NEWEST,
-                   help="the housekeeping's policy: newest versions of the model whose data must be whole")  # fmt: skip
-    p.add_argument("--keep-version-days", type=float, default=DEFAULT_KEEP_DAYS,
-                   help="the housekeeping's policy: days a version's data must stay whole after registration")  # fmt: skip
-    p.add_argument("--no-cluster-logs", dest="cluster_logs", action="store_false",
-                   help="skip the cluster's session logs (read through the dashboard's log API)")  # fmt: skip
+    p.add_argument(
+        "--idle-s",
+        type=float,
+        default=2 * 300.0,
+        help="an uncommitted generation untouched this long is abandoned (writers renew every 300 s)",
+    )
+    p.add_argument(
+        "--warm-idle-s",
+        type=float,
+        default=600.0 + 30.0 + 60.0,
+        help="the warm pools' idle timeout plus their lease timeout, and a margin",
+    )
+    p.add_argument(
+        "--keep-versions",
+        type=int,
+        default=DEFAULT_KEEP_NEWEST,
+        help="the housekeeping's policy: newest versions of the model whose data must be whole",
+    )
+    p.add_argument(
+        "--keep-version-days",
+        type=float,
+        default=DEFAULT_KEEP_DAYS,
+        help="the housekeeping's policy: days a version's data must stay whole after registration",
+    )
+    p.add_argument(
+        "--no-cluster-logs",
+        dest="cluster_logs",
+        action="store_false",
+        help="skip the cluster's session logs (read through the dashboard's log API)",
+    )
     p.add_argument("--json", help="also write the figures and findings here")
     return p
 

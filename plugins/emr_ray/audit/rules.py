@@ -98,8 +98,14 @@ def check_partition(p: PartitionState, *, idle_s: float) -> list[Finding]:
                 )
             elif rows != p.declared.get(name):
                 line = "lost" if rows < p.declared.get(name, 0) else "duplicated"
-                out.append(Finding(line, "partition", f"{where} {p.current}: output {name!r} holds {rows} rows, "
-                                   f"its manifest declares {p.declared.get(name)}"))  # fmt: skip
+                out.append(
+                    Finding(
+                        line,
+                        "partition",
+                        f"{where} {p.current}: output {name!r} holds {rows} rows, "
+                        f"its manifest declares {p.declared.get(name)}",
+                    )
+                )
         total = sum(p.declared.values())
         for what, rows in (("read", p.rows_in), ("wrote", total)):
             if p.raw_rows is None or rows is None or rows == p.raw_rows:
@@ -217,9 +223,12 @@ def run_type_of(airflow_run_id: str | None) -> str | None:
 
 
 def expected_champion(
-    versions: Iterable[VersionState], *, direction: str = "max", min_improvement: float = 0.0,
+    versions: Iterable[VersionState],
+    *,
+    direction: str = "max",
+    min_improvement: float = 0.0,
     promote_historical: bool = False,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """The version the promotion rule leaves as champion, replaying its decisions in registration
     order (the promotion pool runs one registration at a time, so version order is decision order)."""
     champion: VersionState | None = None
@@ -238,7 +247,7 @@ def expected_champion(
                     run_type=run_type_of(v.airflow_run_id),
                     partition=v.partition,
                     champion_partition=champion.partition if champion else None,
-                ),  # fmt: skip
+                ),
                 promote_historical=promote_historical,
             )
         except NonFiniteMetricError:
@@ -281,16 +290,28 @@ def check_jobs(jobs: Iterable[Mapping[str, Any]], tries: Mapping[tuple[str, str,
         key = (meta.get("airflow_dag_id", ""), meta.get("airflow_run_id", ""), meta["airflow_task_id"])
         state = tries.get(key)
         if state not in LIVE_TI_STATES:
-            out.append(Finding("orphaned", "ray job", f"{job.get('submission_id')} is {job.get('status')} but "
-                               f"{'.'.join(key)} try {meta.get('airflow_try_number')} is {state or 'gone'}"))  # fmt: skip
+            out.append(
+                Finding(
+                    "orphaned",
+                    "ray job",
+                    f"{job.get('submission_id')} is {job.get('status')} but "
+                    f"{'.'.join(key)} try {meta.get('airflow_try_number')} is {state or 'gone'}",
+                )
+            )
             continue
         text = str(meta.get("airflow_try_number") or "0")
         active.setdefault(key, []).append((int(text) if text.isdigit() else 0, str(job.get("submission_id"))))
     for key, found in sorted(active.items()):
         latest = max(found)
         for earlier, submission_id in sorted(found)[:-1]:
-            out.append(Finding("orphaned", "ray job", f"{submission_id} of try {earlier} of {'.'.join(key)} is "
-                               f"still active beside try {latest[0]}'s job {latest[1]}"))  # fmt: skip
+            out.append(
+                Finding(
+                    "orphaned",
+                    "ray job",
+                    f"{submission_id} of try {earlier} of {'.'.join(key)} is "
+                    f"still active beside try {latest[0]}'s job {latest[1]}",
+                )
+            )
     return out
 
 

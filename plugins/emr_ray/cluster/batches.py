@@ -82,8 +82,9 @@ class Input:
         dtype = np.dtype(self.dtype)
         n = table.num_rows if table is not None else 0
         if self.length is not None:
-            return torch.from_numpy(_padded(table.column(self.columns[0]) if n else None, n, self.length,
-                                            self.pad, dtype))  # fmt: skip
+            return torch.from_numpy(
+                _padded(table.column(self.columns[0]) if n else None, n, self.length, self.pad, dtype)
+            )
         if not self.stacked:
             return torch.from_numpy(_column_array(table.column(self.columns[0]) if n else None, n, dtype))
         matrix = np.empty((n, len(self.columns)), dtype=dtype)

@@ -116,6 +116,8 @@ def with_secret_uris(payload: Any, env: Mapping[str, str] | None = None) -> Any:
     if not raw or not isinstance(section, dict):
         return payload
     full = json.loads(raw)
-    restored = {k: full.get(v, v) if k in ("tracking_uri", "registry_uri") and isinstance(v, str) else v
-                for k, v in section.items()}  # fmt: skip
+    restored = {
+        k: full.get(v, v) if k in ("tracking_uri", "registry_uri") and isinstance(v, str) else v
+        for k, v in section.items()
+    }
     return {**payload, "mlflow": restored}

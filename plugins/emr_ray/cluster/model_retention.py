@@ -105,8 +105,17 @@ def versions_of_model(
         if tags.get("data_uri") and tags.get("generation"):
             named = ((tags["data_uri"].rstrip("/"), tags["generation"]),)
         registered = dt.datetime.fromtimestamp(created_ms / 1000, dt.UTC) if created_ms else None
-        facts.append(VersionFacts(model, str(version), run_id or None, registered,
-                                  tuple(sorted(by_version.get(str(version), ()))), rank, named))  # fmt: skip
+        facts.append(
+            VersionFacts(
+                model,
+                str(version),
+                run_id or None,
+                registered,
+                tuple(sorted(by_version.get(str(version), ()))),
+                rank,
+                named,
+            )
+        )
     return facts
 
 

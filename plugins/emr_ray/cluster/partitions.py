@@ -179,8 +179,13 @@ def commit(
     seen = commit_log(partition_uri, options)
     key = f"c{max((e.sequence for e in seen), default=0) + 1:010d}-{generation}"
     now = dt.datetime.now(dt.UTC)
-    body = {**manifest, "outputs": outputs, "format": FORMAT, "generation": generation,
-            "committed_at": now.isoformat()}  # fmt: skip
+    body = {
+        **manifest,
+        "outputs": outputs,
+        "format": FORMAT,
+        "generation": generation,
+        "committed_at": now.isoformat(),
+    }
     name = f"{COMMITS}/{key}.json"
     try:
         _write_atomically(partition_uri, name, json.dumps(body, indent=2, sort_keys=True), options)
@@ -196,11 +201,20 @@ def commit(
         later = [e for e in entries if mine is not None and e.order > mine.order]
         superseded_by = later[-1].generation if later else None
         if superseded_by:
-            log.warning("Generation %s of %s was superseded by %s, committed later by another writer",
-                        generation, partition_uri, superseded_by)  # fmt: skip
+            log.warning(
+                "Generation %s of %s was superseded by %s, committed later by another writer",
+                generation,
+                partition_uri,
+                superseded_by,
+            )
     except Exception as e:
-        log.warning("Generation %s of %s is committed, but the check for a later commit failed (%s): "
-                    "superseded_by is unknown", generation, partition_uri, e)  # fmt: skip
+        log.warning(
+            "Generation %s of %s is committed, but the check for a later commit failed (%s): "
+            "superseded_by is unknown",
+            generation,
+            partition_uri,
+            e,
+        )
     return Committed(partition_uri, generation, key, body, superseded_by)
 
 
@@ -263,8 +277,12 @@ def writer_lease(
             try:
                 renew()
             except Exception as e:
-                log.warning("Could not renew the writer lease of generation %s of %s: %s", generation,
-                            partition_uri, e)  # fmt: skip
+                log.warning(
+                    "Could not renew the writer lease of generation %s of %s: %s",
+                    generation,
+                    partition_uri,
+                    e,
+                )
 
     renew()
     beater = threading.Thread(target=keep_renewing, name=f"lease-{generation}", daemon=True)
@@ -438,8 +456,11 @@ def _describe_files(
     _, partition_root = storage.split_uri(partition_uri)
     _, folder = storage.split_uri(output_uri(partition_uri, generation, output))
     infos = fsys.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
-    found = {i.path[len(folder) :].lstrip("/"): i for i in infos
-             if i.type == pafs.FileType.File and _is_data_file(i.base_name)}  # fmt: skip
+    found = {
+        i.path[len(folder) :].lstrip("/"): i
+        for i in infos
+        if i.type == pafs.FileType.File and _is_data_file(i.base_name)
+    }
     prefix = folder[len(partition_root) :].lstrip("/")
     if recorded is None:
         return [file_records.listed(f"{prefix}/{name}", found[name]) for name in sorted(found)]
@@ -506,8 +527,12 @@ def _load(partition_uri: str, entry: CommitEntry, options: storage.StorageOption
         or not str(manifest.get("format", "")).startswith("emr_ray.partition/")
         or not isinstance(manifest.get("outputs"), dict)
     ):
-        log.warning("Ignoring commit %s of %s: its manifest is not a manifest of generation %s",
-                    entry.key, partition_uri, entry.generation)  # fmt: skip
+        log.warning(
+            "Ignoring commit %s of %s: its manifest is not a manifest of generation %s",
+            entry.key,
+            partition_uri,
+            entry.generation,
+        )
         return None
     return Committed(partition_uri, entry.generation, entry.key, manifest)
 
@@ -524,8 +549,11 @@ def legacy_generation(partition_uri: str, options: storage.StorageOptions | None
     outputs = {}
     for name, entry in (manifest.get("outputs") or {}).items():
         infos = fsys.get_file_info(pafs.FileSelector(f"{root}/{name}", recursive=True, allow_not_found=True))
-        files = [{"path": i.path[len(root) :].lstrip("/"), "size": i.size} for i in sorted(infos, key=lambda i: i.path)
-                 if i.type == pafs.FileType.File and _is_data_file(i.base_name)]  # fmt: skip
+        files = [
+            {"path": i.path[len(root) :].lstrip("/"), "size": i.size}
+            for i in sorted(infos, key=lambda i: i.path)
+            if i.type == pafs.FileType.File and _is_data_file(i.base_name)
+        ]
         outputs[name] = {**entry, "files": files}
     log.warning(
         "%s uses the previous partition layout; its next commit replaces it with a generation", partition_uri

@@ -245,8 +245,11 @@ def decide(
     if historical is None or not decision.promote:
         return decision
     if promote_historical:
-        return Decision(True, f"historical run ({historical}), promote_historical=True: {decision.reason}",
-                        decision.same_rows)  # fmt: skip
+        return Decision(
+            True,
+            f"historical run ({historical}), promote_historical=True: {decision.reason}",
+            decision.same_rows,
+        )
     return Decision(
         False,
         f"historical run ({historical}): registered as challenger only, {champion_alias} v{champion_version} "

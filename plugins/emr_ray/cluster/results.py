@@ -70,8 +70,11 @@ class ResultPart(SpecPart):
 
 
 def _required(cls: type[ResultPart]) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}  # fmt: skip
+    return {
+        f.name
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -174,8 +177,10 @@ class SparkResult(JobResult):
             isinstance(self.rows_in, int) and self.rows_in >= 0,
             f"rows_in={self.rows_in!r} is not a row count.",
         )
-        _check((self.generation is None) == (self.output_uri is None),
-               "A committed generation names its output_uri, a dry run neither.")  # fmt: skip
+        _check(
+            (self.generation is None) == (self.output_uri is None),
+            "A committed generation names its output_uri, a dry run neither.",
+        )
 
     @property
     def committed(self) -> bool:

@@ -256,8 +256,15 @@ def pins(partition_uri: str, options: storage.StorageOptions | None = None) -> l
                 body = json.loads(f.read().decode())
         except (OSError, ValueError) as e:  # unreadable: it still protects (a pin errs on keeping)
             body = {"unreadable": str(e)}
-        found.append(Pin(partition_uri, generation, name[: -len(".json")], body if isinstance(body, dict) else {},
-                         _utc(info.mtime)))  # fmt: skip
+        found.append(
+            Pin(
+                partition_uri,
+                generation,
+                name[: -len(".json")],
+                body if isinstance(body, dict) else {},
+                _utc(info.mtime),
+            )
+        )
     return found
 
 
@@ -314,20 +321,24 @@ def plan(
         if superseded_at is None or now - superseded_at < retain:
             continue
         age = now - superseded_at
-        reason = (f"superseded {_days(age)} ago (retention {_days(retain)}), {policy.keep} newer commits kept, "
-                  "no model version or pin names it")  # fmt: skip
+        reason = (
+            f"superseded {_days(age)} ago (retention {_days(retain)}), {policy.keep} newer commits kept, "
+            "no model version or pin names it"
+        )
         removals.append(Removal(partition_uri, "generation", entry.generation, reason, _paths(root, entry)))
     if committed and policy.expire_after_s is not None and _expired(entries, held, referenced, now, policy):
         planned = {r.name for r in removals}
         age = now - max(e.written_at for e in entries if e.written_at)
-        reason = (f"the partition's newest commit is {_days(age)} old (partitions expire after "
-                  f"{_days(dt.timedelta(seconds=policy.expire_after_s))}) and no kept model version or pin "
-                  "names any of its generations; rerun its preprocessing to produce it again")  # fmt: skip
+        reason = (
+            f"the partition's newest commit is {_days(age)} old (partitions expire after "
+            f"{_days(dt.timedelta(seconds=policy.expire_after_s))}) and no kept model version or pin "
+            "names any of its generations; rerun its preprocessing to produce it again"
+        )
         removals += [
             Removal(partition_uri, "generation", e.generation, reason, _paths(root, e))
             for e in entries
             if e.generation not in planned
-        ]  # fmt: skip  (oldest first: the newest goes last)
+        ]  # oldest first: the newest goes last
 
     known = {e.generation for e in entries}
     idle = dt.timedelta(seconds=policy.abandon_after_s)
@@ -349,14 +360,28 @@ def plan(
         legacy = partitions.legacy_generation(partition_uri, options)
         legacy_paths = [(f"{root}/{storage.SUCCESS_MARKER}", False), (f"{root}/{storage.MANIFEST}", False)]
         legacy_paths += [(f"{root}/{name}", True) for name in (legacy.outputs if legacy else {})]
-        removals.append(Removal(partition_uri, "legacy", partitions.LEGACY,
-                                "the previous layout, superseded by a commit", tuple(legacy_paths)))  # fmt: skip
+        removals.append(
+            Removal(
+                partition_uri,
+                "legacy",
+                partitions.LEGACY,
+                "the previous layout, superseded by a commit",
+                tuple(legacy_paths),
+            )
+        )
     if entries:  # temporaries of the previous layout's commit, left by crashes
         parent, _, name = root.rpartition("/")
         for info in fsys.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
             if info.type == pafs.FileType.Directory and info.base_name.startswith(f"_tmp_{name}_"):
-                removals.append(Removal(partition_uri, "temporary", info.base_name,
-                                        "left by a crashed commit of the previous layout", ((info.path, True),)))  # fmt: skip
+                removals.append(
+                    Removal(
+                        partition_uri,
+                        "temporary",
+                        info.base_name,
+                        "left by a crashed commit of the previous layout",
+                        ((info.path, True),),
+                    )
+                )
     return removals
 
 
@@ -402,8 +427,12 @@ def tidy(
         newest = max((e.written_at for e in entries if e.written_at), default=None)
         remove(plan(partition_uri, options, policy, now=newest, committed=False), options)
     except Exception as e:
-        log.warning("Housekeeping of %s after the commit failed (%s); the next commit or the housekeeping "
-                    "DAG tries again", partition_uri, e)  # fmt: skip
+        log.warning(
+            "Housekeeping of %s after the commit failed (%s); the next commit or the housekeeping "
+            "DAG tries again",
+            partition_uri,
+            e,
+        )
 
 
 def partitions_of(dataset_uri: str, options: storage.StorageOptions | None = None) -> list[str]:
@@ -464,8 +493,16 @@ def sweep(
     for partition_uri in found:
         referenced = {g for uri, g in named if uri == partition_uri.rstrip("/")}
         listed = pins(partition_uri, options)  # once, for the plan and the report
-        removals = plan(partition_uri, options, policy, now=now, released=release, referenced=referenced,
-                        committed=references.complete, listed=listed)  # fmt: skip
+        removals = plan(
+            partition_uri,
+            options,
+            policy,
+            now=now,
+            released=release,
+            referenced=referenced,
+            committed=references.complete,
+            listed=listed,
+        )
         swept.planned += removals
         swept.kept += _kept(partition_uri, options, policy, references, now, removals, listed)
         if not dry_run:
@@ -510,14 +547,19 @@ def _generation_bytes(partition_uri: str, generation: str, options: storage.Stor
 # -- internals ------------------------------------------------------------------------------------
 def _paths(root: str, entry: partitions.CommitEntry) -> tuple[tuple[str, bool], ...]:
     """A committed generation's paths in removal order: its manifest (no reader finds it), then its files."""
-    return ((f"{root}/{partitions.COMMITS}/{entry.key}.json", False),
-            (f"{root}/{partitions.GENERATIONS}/{entry.generation}", True))  # fmt: skip
+    return (
+        (f"{root}/{partitions.COMMITS}/{entry.key}.json", False),
+        (f"{root}/{partitions.GENERATIONS}/{entry.generation}", True),
+    )
 
 
 def _expired(
-    entries: list[partitions.CommitEntry], held: Mapping[str, Any], referenced: set[str], now: dt.datetime,
+    entries: list[partitions.CommitEntry],
+    held: Mapping[str, Any],
+    referenced: set[str],
+    now: dt.datetime,
     policy: Policy,
-) -> bool:  # fmt: skip
+) -> bool:
     """Whether the whole partition may go: every commit older than the expiry, none held or named.
     Never only the newest: an older generation would become current again."""
     times = [e.written_at for e in entries]

@@ -25,8 +25,11 @@ from emr_ray.cluster import secrets, storage
 
 RESULT_MARKER = "EMR_RAY_RESULT "
 ERROR_MARKER = "EMR_RAY_ERROR "
-COS_SECRET_ENV = {"access_key": "EMR_RAY_COS_SECRET_ID", "secret_key": "EMR_RAY_COS_SECRET_KEY",
-                  "session_token": "EMR_RAY_COS_TOKEN"}  # fmt: skip
+COS_SECRET_ENV = {
+    "access_key": "EMR_RAY_COS_SECRET_ID",
+    "secret_key": "EMR_RAY_COS_SECRET_KEY",
+    "session_token": "EMR_RAY_COS_TOKEN",
+}
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 SCORE_ORDERS = ("min", "max")
 

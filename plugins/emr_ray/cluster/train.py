@@ -177,8 +177,10 @@ class RayTrainContext(TrainContext):
             except Exception as e:  # truncated or corrupt: every retry would meet it again
                 logging.getLogger(__name__).warning(
                     "The latest checkpoint %s cannot be read (%s: %s): starting fresh; it stays for inspection",
-                    checkpoint.path, type(e).__name__, e,
-                )  # fmt: skip
+                    checkpoint.path,
+                    type(e).__name__,
+                    e,
+                )
                 return None
 
     def report(self, metrics: dict[str, Any], directory: str | None) -> None:
@@ -190,8 +192,12 @@ class RayTrainContext(TrainContext):
         from ray.train import CheckpointUploadMode
 
         checkpoint = ray.train.Checkpoint.from_directory(directory) if directory else None
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-                         delete_local_checkpoint_after_upload=True)  # fmt: skip
+        ray.train.report(
+            metrics,
+            checkpoint=checkpoint,
+            checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+            delete_local_checkpoint_after_upload=True,
+        )
 
 
 @dataclass(frozen=True)
@@ -313,8 +319,11 @@ def save_state(
     import torch
 
     unwrapped = model.module if hasattr(model, "module") else model
-    state = {"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
-             "epoch": int(epoch)}  # fmt: skip
+    state = {
+        "model": unwrapped.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer else None,
+        "epoch": int(epoch),
+    }
     torch.save(state, os.path.join(directory, STATE_FILE))
     if inputs:
         with open(os.path.join(directory, INPUTS_FILE), "w") as f:
@@ -329,9 +338,12 @@ def load_state(directory: str) -> TrainState:
 
     state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu")
     return TrainState(
-        state["model"], state.get("optimizer"), int(state["epoch"]), read_metrics(directory) or {},
+        state["model"],
+        state.get("optimizer"),
+        int(state["epoch"]),
+        read_metrics(directory) or {},
         read_inputs(directory),
-    )  # fmt: skip
+    )
 
 
 def read_inputs(directory: str) -> str | None:
@@ -380,8 +392,11 @@ def latest_state() -> TrainState | None:
     if state is not None and context.inputs and state.inputs != context.inputs:
         logging.getLogger(__name__).warning(
             "The latest checkpoint (epoch %d) was trained on other inputs (%s; this run's: %s): "
-            "starting fresh instead of resuming from it.", state.epoch, state.inputs or "unnamed", context.inputs
-        )  # fmt: skip
+            "starting fresh instead of resuming from it.",
+            state.epoch,
+            state.inputs or "unnamed",
+            context.inputs,
+        )
         return None
     return state
 

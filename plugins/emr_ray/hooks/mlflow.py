@@ -185,9 +185,13 @@ class MLflowHook(MLflowRegistryMixin, BaseHook):
 
         allowed = str(self.extra.get("allow_insecure_http", "")).lower() in ("1", "true", "yes")
         warning = plain_http_verdict(
-            _strip_userinfo(self.tracking_uri), conn_id=self.mlflow_conn_id, secret="MLflow login",
-            allowed=allowed, error=MLflowAuthError, fix="Serve MLflow over https and set the host to https://...",
-        )  # fmt: skip
+            _strip_userinfo(self.tracking_uri),
+            conn_id=self.mlflow_conn_id,
+            secret="MLflow login",
+            allowed=allowed,
+            error=MLflowAuthError,
+            fix="Serve MLflow over https and set the host to https://...",
+        )
         if warning:
             self.log.warning(warning)
 

@@ -76,11 +76,35 @@ DEFAULT_EXCLUDES = ("__pycache__/", "*.pyc", "*.pyo", ".git/", ".venv/", "venv/"
 #: files that hold secrets, never shipped (the Jobs API keeps packages readable to anyone with its
 #: token); each one left out is logged with the way to ship what it holds instead
 SECRET_EXCLUDES = (
-    ".env", ".env.*", "*.env", ".netrc", ".pgpass", ".git-credentials", ".npmrc", ".pypirc",
-    "airflow.cfg", "unittests.cfg", "webserver_config.py", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
-    "*.keytab", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", ".ssh/", ".aws/", ".gnupg/",
-    "credentials.json", "service-account*.json", "*.kubeconfig", "kubeconfig",
-)  # fmt: skip
+    ".env",
+    ".env.*",
+    "*.env",
+    ".netrc",
+    ".pgpass",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    "airflow.cfg",
+    "unittests.cfg",
+    "webserver_config.py",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.keytab",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".ssh/",
+    ".aws/",
+    ".gnupg/",
+    "credentials.json",
+    "service-account*.json",
+    "*.kubeconfig",
+    "kubeconfig",
+)
 #: the fixed timestamp of every entry (the earliest a zip can hold)
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 #: Ray refuses packages of 512 MiB (its gRPC message limit) and more
@@ -183,9 +207,14 @@ def list_files(root: Path, excludes: Iterable[str] = ()) -> list[tuple[str, Path
 
     visit(root, [(root, base)] if base else [])
     if skipped:
-        log.warning("Not shipping %d file(s) of %s: %s. Pass secrets through connections (the job gets them "
-                    "through the secret channel), and copy what a symlink points at into the folder if it "
-                    "must ship", len(skipped), root, "; ".join(skipped))  # fmt: skip
+        log.warning(
+            "Not shipping %d file(s) of %s: %s. Pass secrets through connections (the job gets them "
+            "through the secret channel), and copy what a symlink points at into the folder if it "
+            "must ship",
+            len(skipped),
+            root,
+            "; ".join(skipped),
+        )
     return sorted(files)
 
 
@@ -331,9 +360,14 @@ def _ship(hook: RayHook, package: Package, what: str) -> str:
     uploaded = ensure_uploaded(hook, package)
     hook.log.info(
         "Code package %s (%s: %d file(s), %.1f KiB, built in %.0f ms): %s in %.0f ms",
-        package.uri, what, package.files, len(package.data) / 1024, package.build_seconds * 1000,
-        "uploaded" if uploaded else "already on the cluster", (time.perf_counter() - started) * 1000,
-    )  # fmt: skip
+        package.uri,
+        what,
+        package.files,
+        len(package.data) / 1024,
+        package.build_seconds * 1000,
+        "uploaded" if uploaded else "already on the cluster",
+        (time.perf_counter() - started) * 1000,
+    )
     return package.uri
 
 

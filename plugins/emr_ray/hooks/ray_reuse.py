@@ -78,9 +78,13 @@ def decide(
             if job.status == "SUCCEEDED" and job.result_problem is None:
                 return Choice(CHECK_RESULT, job.submission_id, stop=tuple(stop), notes=tuple(notes))
             inputs = ", same external inputs" if external else ""
-            return Choice(REATTACH, job.submission_id,
-                          f"try {job.try_number}'s job ({job.status}): same spec digest {digest[:12]}{inputs}",
-                          stop=tuple(stop), notes=tuple(notes))  # fmt: skip
+            return Choice(
+                REATTACH,
+                job.submission_id,
+                f"try {job.try_number}'s job ({job.status}): same spec digest {digest[:12]}{inputs}",
+                stop=tuple(stop),
+                notes=tuple(notes),
+            )
         notes.append(f"Not reusing Ray job {job.submission_id} of try {job.try_number} ({job.status}): {why}")
         if job.status != "SUCCEEDED":
             stop.append(job.submission_id)

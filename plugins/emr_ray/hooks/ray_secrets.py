@@ -52,17 +52,27 @@ def stage_for_job(
     from emr_ray.hooks.ray import merge_runtime_env
 
     merged = hook.job_runtime_env(runtime_env)
-    moved = {name: str(value) for name, value in (merged.get("env_vars") or {}).items()
-             if name not in (SECRET_REF_ENV, FORCE_ENV) and secret_looking(name)}  # fmt: skip
+    moved = {
+        name: str(value)
+        for name, value in (merged.get("env_vars") or {}).items()
+        if name not in (SECRET_REF_ENV, FORCE_ENV) and secret_looking(name)
+    }
     if moved:
-        log.info("Moving %d secret-looking environment variable(s) of the runtime_env (%s) to the secret "
-                 "channel: the Jobs API and the dashboard show a runtime_env", len(moved), ", ".join(sorted(moved)))  # fmt: skip
+        log.info(
+            "Moving %d secret-looking environment variable(s) of the runtime_env (%s) to the secret "
+            "channel: the Jobs API and the dashboard show a runtime_env",
+            len(moved),
+            ", ".join(sorted(moved)),
+        )
     values = {**moved, **secrets}
     if not values:
         return runtime_env, set()
     ref = stage(hook, values)
-    log.info("Staged %d secret(s) for the job (%s); none is in its runtime_env", len(values),
-             ", ".join(sorted(values)))  # fmt: skip
+    log.info(
+        "Staged %d secret(s) for the job (%s); none is in its runtime_env",
+        len(values),
+        ", ".join(sorted(values)),
+    )
     return merge_runtime_env(runtime_env, {"env_vars": {SECRET_REF_ENV: ref}}), set(moved)
 
 

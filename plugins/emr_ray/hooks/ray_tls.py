@@ -214,10 +214,14 @@ def refuse_plain_http(url: str, tls: RayTlsConfig, *, credentials: bool, auto: b
         return None
     https = url.replace("http://", "https://", 1)
     return plain_http_verdict(
-        url, conn_id=tls.conn_id, secret="auth token", allowed=tls.allow_insecure_http,
-        error=RayConnectionConfigError, this_machine=auto,
+        url,
+        conn_id=tls.conn_id,
+        secret="auth token",
+        allowed=tls.allow_insecure_http,
+        error=RayConnectionConfigError,
+        this_machine=auto,
         fix=f'Put the dashboard behind TLS and set the host to {https} (extra "ca_bundle" or "ca_pem" for a private CA)',
-    )  # fmt: skip
+    )
 
 
 def plain_http_verdict(

@@ -343,11 +343,13 @@ def summarize_cluster(nodes: Mapping[str, Any], status: Mapping[str, Any] | None
         raylet = node.get("raylet", {})
         if raylet.get("state") != "ALIVE":
             continue
-        node_list.append({
-            "node_id": raylet.get("nodeId"),
-            "ip": raylet.get("nodeManagerAddress") or node.get("ip"),
-            "resources": {k: float(v) for k, v in (raylet.get("resourcesTotal") or {}).items()},
-        })  # fmt: skip
+        node_list.append(
+            {
+                "node_id": raylet.get("nodeId"),
+                "ip": raylet.get("nodeManagerAddress") or node.get("ip"),
+                "resources": {k: float(v) for k, v in (raylet.get("resourcesTotal") or {}).items()},
+            }
+        )
         for key, value in (raylet.get("resourcesTotal") or {}).items():
             total[key] = total.get(key, 0.0) + float(value)
         if raylet.get("resourcesAvailable"):

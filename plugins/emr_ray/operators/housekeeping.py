@@ -73,8 +73,13 @@ class PartitionHousekeepingOperator(BaseOperator):
         self.dataset_uris = dataset_uris
         self.model_names = model_names
         self.remove = remove
-        self.policy = _policy(retention, keep, abandon_after, VersionPolicy(keep_versions, keep_version_days),
-                              None if expire_after is None else as_seconds(expire_after))  # fmt: skip  # checked when the DAG is parsed
+        self.policy = _policy(
+            retention,
+            keep,
+            abandon_after,
+            VersionPolicy(keep_versions, keep_version_days),
+            None if expire_after is None else as_seconds(expire_after),
+        )  # checked when the DAG is parsed
         self.cos_conn_id = cos_conn_id
         self.mlflow_conn_id = mlflow_conn_id
 
@@ -83,8 +88,14 @@ class PartitionHousekeepingOperator(BaseOperator):
 
         uris = [self.dataset_uris] if isinstance(self.dataset_uris, str) else list(self.dataset_uris)
         models = [self.model_names] if isinstance(self.model_names, str) else list(self.model_names)
-        report = housekeep(uris, models, cos_conn_id=self.cos_conn_id, mlflow_conn_id=self.mlflow_conn_id,
-                           policy=self.policy, dry_run=not as_bool(self.remove))  # fmt: skip
+        report = housekeep(
+            uris,
+            models,
+            cos_conn_id=self.cos_conn_id,
+            mlflow_conn_id=self.mlflow_conn_id,
+            policy=self.policy,
+            dry_run=not as_bool(self.remove),
+        )
         if report.problems:  # what needs no registry was removed; committed data stayed
             raise RegistryIncompleteError(
                 "No committed data was removed: the registry's answer was not complete: "
@@ -102,5 +113,10 @@ def _policy(
     versions: VersionPolicy,
     expire_after_s: float | None,
 ) -> retention.Policy:
-    return retention.Policy(keep=int(keep), retain_s=as_seconds(retain), abandon_after_s=as_seconds(abandon_after),
-                            versions=versions, expire_after_s=expire_after_s)  # fmt: skip
+    return retention.Policy(
+        keep=int(keep),
+        retain_s=as_seconds(retain),
+        abandon_after_s=as_seconds(abandon_after),
+        versions=versions,
+        expire_after_s=expire_after_s,
+    )

@@ -572,7 +572,9 @@ class MLflowRegisterOperator(BaseOperator):
             "aliases": aliases,
             "reused": reused,
             "reason": decision.reason,
-            "comparison": None if comparison is None else {
+            "comparison": None
+            if comparison is None
+            else {
                 "champion_version": comparison.champion_version,
                 "rows": comparison.rows,
                 "challenger_value": comparison.challenger_value,
@@ -581,7 +583,7 @@ class MLflowRegisterOperator(BaseOperator):
             "same_rows": decision.same_rows,
             "historical": candidate.historical(champion) is not None,
             "decisions": decisions,
-        }  # fmt: skip
+        }
 
     def _emit_asset_event(self, context: Context, name: str, result: dict[str, Any]) -> None:
         if not self.emit_asset or result["version"] is None:

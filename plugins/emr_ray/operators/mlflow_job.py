@@ -77,8 +77,12 @@ class MLflowJobOperator(RayJobOperator):
         except MLflowAuthError:
             raise
         except Exception as e:
-            self.log.warning("Could not check the MLflow login before submitting (%s: %s); the job will "
-                             "try from the cluster", type(e).__name__, e)  # fmt: skip
+            self.log.warning(
+                "Could not check the MLflow login before submitting (%s: %s); the job will "
+                "try from the cluster",
+                type(e).__name__,
+                e,
+            )
 
     def mlflow_section(self, context: Any, identity: TaskIdentity) -> MLflowSection:
         """Where the job logs: the connection's public settings; as run tags, the task's identity, the

@@ -206,8 +206,14 @@ class RayJobOperator(BaseOperator):
         never a password). Warm pools are single-tenant: a job never runs in the processes of a pool
         that served another account's jobs (:mod:`emr_ray.cluster.jobs.warm`), even when two
         deployments use the same connection ids."""
-        return tenant_of({"ray": self.ray_conn_id, "cos": self.cos_conn_id, "hdfs": self.hdfs_conn_id,
-                          "mlflow": getattr(self, "mlflow_conn_id", None)})  # fmt: skip
+        return tenant_of(
+            {
+                "ray": self.ray_conn_id,
+                "cos": self.cos_conn_id,
+                "hdfs": self.hdfs_conn_id,
+                "mlflow": getattr(self, "mlflow_conn_id", None),
+            }
+        )
 
     def dags_folder(self) -> str | None:
         """The folder of the DAG file this task was parsed from, in the DAG bundle version of its run:
@@ -248,8 +254,9 @@ class RayJobOperator(BaseOperator):
             spec = self.job_payload(context, identity)
         except ValueError as e:  # SpecError, StorageError: the rendered arguments can never run
             raise RayJobInputError(f"Task {identity.task_id}: {e}") from e
-        runtime_env = self.hook.ship_packages(self.job_runtime_env(context), code=self.code,
-                                              dags_folder=self.dags_folder())  # fmt: skip
+        runtime_env = self.hook.ship_packages(
+            self.job_runtime_env(context), code=self.code, dags_folder=self.dags_folder()
+        )
         secrets = self.job_secrets(context, spec)
         self._own_submission_id = identity.submission_id()
         self._submission_id = self._reattach_or_submit(identity, spec, runtime_env, secrets)
@@ -266,8 +273,11 @@ class RayJobOperator(BaseOperator):
             finished = self._watch(self._submission_id, pending_deadline, until=started + watch_for)
             if finished is not None:
                 return finished
-            self.log.info("Ray job %s still running after %.0f s (defer_after); deferring",
-                          self._submission_id, watch_for)  # fmt: skip
+            self.log.info(
+                "Ray job %s still running after %.0f s (defer_after); deferring",
+                self._submission_id,
+                watch_for,
+            )
         timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
         self.defer(
             trigger=RayJobTrigger(
@@ -360,8 +370,12 @@ class RayJobOperator(BaseOperator):
         try:
             return self.external_inputs(spec)
         except Exception as e:
-            self.log.warning("Could not read this job's external inputs (%s: %s); an earlier try's job "
-                             "is not reused on them", type(e).__name__, e)  # fmt: skip
+            self.log.warning(
+                "Could not read this job's external inputs (%s: %s); an earlier try's job "
+                "is not reused on them",
+                type(e).__name__,
+                e,
+            )
             return {"external inputs": f"{UNREADABLE}{type(e).__name__}"}
 
     def _reattach_or_submit(
@@ -388,8 +402,11 @@ class RayJobOperator(BaseOperator):
         if choice.action == REFUSE:
             raise RayClusterError(choice.message)
         if choice.action == REATTACH and choice.submission_id:
-            self.log.info("Reattaching to Ray job %s instead of submitting again: %s", choice.submission_id,
-                          choice.message)  # fmt: skip
+            self.log.info(
+                "Reattaching to Ray job %s instead of submitting again: %s",
+                choice.submission_id,
+                choice.message,
+            )
             return choice.submission_id
         return self._submit(identity, spec, runtime_env, secrets or {}, digest, external)
 
@@ -415,8 +432,12 @@ class RayJobOperator(BaseOperator):
             if choice.action != CHECK_RESULT or choice.submission_id is None:
                 return choice
             problem = self._result_problem(spec, choice.submission_id, jobs[choice.submission_id])
-            tries = [dataclasses.replace(t, result_problem=problem) if t.submission_id == choice.submission_id
-                     else t for t in tries]  # fmt: skip
+            tries = [
+                dataclasses.replace(t, result_problem=problem)
+                if t.submission_id == choice.submission_id
+                else t
+                for t in tries
+            ]
 
     def _result_problem(self, spec: Mapping[str, Any], submission_id: str, job: dict[str, Any]) -> str:
         """Why a finished earlier job's result no longer stands ("" when it stands: :meth:`stale_result`)."""
@@ -452,13 +473,18 @@ class RayJobOperator(BaseOperator):
                 "airflow_try_number": str(identity.try_number),
                 DIGEST_KEY: digest,
                 **({EXTERNAL_KEY: encode_external(external)} if external else {}),
-            },  # fmt: skip
+            },
             entrypoint_num_cpus=self.entrypoint_num_cpus,
             entrypoint_resources=self.entrypoint_resources,
             without_env_vars=moved,
         )
-        self.log.info("Submitted Ray job %s (%s, spec digest %s%s)", submission_id, self.job_module, digest[:12],
-                      "".join(f"; {name}: {value}" for name, value in sorted(external.items())))  # fmt: skip
+        self.log.info(
+            "Submitted Ray job %s (%s, spec digest %s%s)",
+            submission_id,
+            self.job_module,
+            digest[:12],
+            "".join(f"; {name}: {value}" for name, value in sorted(external.items())),
+        )
         return submission_id
 
     _log_lines_printed = 0
@@ -610,7 +636,10 @@ class RayJobOperator(BaseOperator):
         killed late: stopping would fail the successor's run)."""
         owner = getattr(self, "_owner", None)
         if owner is not None and (later := owner.taken_over_by(self.log)):
-            self.log.warning("Not stopping Ray job %s: try %d has taken it over and owns it now",
-                             self._submission_id, later)  # fmt: skip
+            self.log.warning(
+                "Not stopping Ray job %s: try %d has taken it over and owns it now",
+                self._submission_id,
+                later,
+            )
             return
         self._stop_quietly()

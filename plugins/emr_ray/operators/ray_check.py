@@ -58,10 +58,19 @@ class RayConnectOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "min_ray_version", "required_cpus", "required_gpus", "required_memory_gb", "required_resources",
-        "workers", "resources_per_worker", "use_gpu", "spark_executors", "spark_executor_cores",
-        "spark_executor_memory", "driver_cpus",
-    )  # fmt: skip
+        "min_ray_version",
+        "required_cpus",
+        "required_gpus",
+        "required_memory_gb",
+        "required_resources",
+        "workers",
+        "resources_per_worker",
+        "use_gpu",
+        "spark_executors",
+        "spark_executor_cores",
+        "spark_executor_memory",
+        "driver_cpus",
+    )
     ui_color = "#e8f4fd"
     operator_extra_links = (RayJobLink(),)  # the dashboard's overview of the cluster it checked
 
@@ -129,16 +138,22 @@ class RayConnectOperator(BaseOperator):
         drivers = [0.0]
         for task in self.get_flat_relatives(upstream=False):
             if isinstance(task, TorchTrainOperator):
-                fields |= {"workers": int(number_of(rendered(task, task.num_workers))),
-                           "resources_per_worker": mapping_of(rendered(task, task.resources_per_worker)),
-                           "use_gpu": as_bool(rendered(task, task.use_gpu))}  # fmt: skip
+                fields |= {
+                    "workers": int(number_of(rendered(task, task.num_workers))),
+                    "resources_per_worker": mapping_of(rendered(task, task.resources_per_worker)),
+                    "use_gpu": as_bool(rendered(task, task.use_gpu)),
+                }
             elif isinstance(task, RLlibTrainOperator):
-                fields |= {"workers": int(number_of(rendered(task, task.num_env_runners))),
-                           "resources_per_worker": {"CPU": 1.0}}  # fmt: skip
+                fields |= {
+                    "workers": int(number_of(rendered(task, task.num_env_runners))),
+                    "resources_per_worker": {"CPU": 1.0},
+                }
             elif isinstance(task, RayDPSparkOperator):
-                fields |= {"spark_executors": int(number_of(rendered(task, task.num_executors))),
-                           "spark_executor_cores": number_of(rendered(task, task.executor_cores), 1.0),
-                           "spark_executor_memory": parse_memory(rendered(task, task.executor_memory))}  # fmt: skip
+                fields |= {
+                    "spark_executors": int(number_of(rendered(task, task.num_executors))),
+                    "spark_executor_cores": number_of(rendered(task, task.executor_cores), 1.0),
+                    "spark_executor_memory": parse_memory(rendered(task, task.executor_memory)),
+                }
             if isinstance(task, RayJobOperator):
                 drivers.append(number_of(task.entrypoint_num_cpus))
         if not fields:
@@ -159,8 +174,11 @@ class RayConnectOperator(BaseOperator):
 
     def shortfalls(self, request: RunRequest, total: Mapping[str, float]) -> list[str]:
         """One line per resource the cluster has too little of in total, saying what asks for it."""
-        required = {"CPU": number_of(self.required_cpus), "GPU": number_of(self.required_gpus),
-                    "memory": number_of(self.required_memory_gb) * 1024**3}  # fmt: skip
+        required = {
+            "CPU": number_of(self.required_cpus),
+            "GPU": number_of(self.required_gpus),
+            "memory": number_of(self.required_memory_gb) * 1024**3,
+        }
         required.update({k: float(v) for k, v in (mapping_of(self.required_resources) or {}).items()})
         peak = request.peak()
         lines = []
@@ -182,8 +200,13 @@ class RayConnectOperator(BaseOperator):
         resources = self.hook.get_cluster_resources()
         total = resources["total"]
         ray_version = version.get("ray_version", "unknown")
-        self.log.info("Ray %s at %s: %d node(s), resources %s", ray_version, self.hook.dashboard_url,
-                      len(resources["nodes"]), total)  # fmt: skip
+        self.log.info(
+            "Ray %s at %s: %d node(s), resources %s",
+            ray_version,
+            self.hook.dashboard_url,
+            len(resources["nodes"]),
+            total,
+        )
         if self.min_ray_version and _version_tuple(ray_version) < _version_tuple(str(self.min_ray_version)):
             raise RayClusterUnfitError(
                 f"Ray cluster at {self.hook.dashboard_url} runs Ray {ray_version}, older than the required "
@@ -191,8 +214,12 @@ class RayConnectOperator(BaseOperator):
             )
         request = self.run_request(context)
         if request.peak():
-            self.log.info("This run asks for at most %s (training %s, Spark %s)", request.peak(),
-                          request.training(), request.spark())  # fmt: skip
+            self.log.info(
+                "This run asks for at most %s (training %s, Spark %s)",
+                request.peak(),
+                request.training(),
+                request.spark(),
+            )
         short = self.shortfalls(request, total)
         sizes = [n["resources"] for n in resources["nodes"] if n.get("resources")]
         if sizes:

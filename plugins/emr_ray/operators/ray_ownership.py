@@ -24,8 +24,9 @@ class Ownership:
 
     def claim(self) -> None:
         """Record that this try owns the job, for an earlier try's late ``on_kill`` to see."""
-        self.ti.xcom_push(key=OWNER_XCOM_KEY, value={"submission_id": self.submission_id,
-                                                     "try_number": self.try_number})  # fmt: skip
+        self.ti.xcom_push(
+            key=OWNER_XCOM_KEY, value={"submission_id": self.submission_id, "try_number": self.try_number}
+        )
 
     def taken_over_by(self, log: Any) -> int | None:
         """The later try that owns the job now, or None (this try owns it, or nobody can say: then the

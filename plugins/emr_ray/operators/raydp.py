@@ -67,10 +67,22 @@ class RayDPSparkOperator(RayJobOperator):
     """
 
     template_fields: Sequence[str] = (
-        *RayJobOperator.template_fields, "preprocess", "input_uri", "output_uri", "partition", "config",
-        "app_name", "num_executors", "executor_cores", "executor_memory", "spark_configs", "placement_group_strategy", "validate_only",
-        "spark_session", "spark_idle_timeout",
-    )  # fmt: skip
+        *RayJobOperator.template_fields,
+        "preprocess",
+        "input_uri",
+        "output_uri",
+        "partition",
+        "config",
+        "app_name",
+        "num_executors",
+        "executor_cores",
+        "executor_memory",
+        "spark_configs",
+        "placement_group_strategy",
+        "validate_only",
+        "spark_session",
+        "spark_idle_timeout",
+    )
     template_fields_renderers = {
         **RayJobOperator.template_fields_renderers,
         "config": "json",
@@ -171,8 +183,13 @@ class RayDPSparkOperator(RayJobOperator):
             options = self._storage_options(uri)
             return dict(partitions.pinned(uri, str(result.generation), options).manifest)
         except Exception as e:
-            self.log.warning("Lineage without schemas and file counts: could not read the manifest of "
-                             "generation %s of %s (%s)", result.generation, uri, e)  # fmt: skip
+            self.log.warning(
+                "Lineage without schemas and file counts: could not read the manifest of "
+                "generation %s of %s (%s)",
+                result.generation,
+                uri,
+                e,
+            )
             return None
 
     def finished(self, result: SparkResult, submission_id: str) -> SparkResult:

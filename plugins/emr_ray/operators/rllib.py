@@ -50,9 +50,18 @@ class RLlibTrainOperator(MLflowJobOperator):
     """
 
     template_fields: Sequence[str] = (
-        *MLflowJobOperator.template_fields, "algorithm", "env", "env_config", "config", "model_config",
-        "iterations", "storage_path", "num_env_runners", "num_envs_per_env_runner", "seed",
-    )  # fmt: skip
+        *MLflowJobOperator.template_fields,
+        "algorithm",
+        "env",
+        "env_config",
+        "config",
+        "model_config",
+        "iterations",
+        "storage_path",
+        "num_env_runners",
+        "num_envs_per_env_runner",
+        "seed",
+    )
     template_fields_renderers = {
         **MLflowJobOperator.template_fields_renderers,
         "config": "json",

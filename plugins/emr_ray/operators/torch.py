@@ -74,9 +74,19 @@ class TorchTrainOperator(MLflowJobOperator):
     """
 
     template_fields: Sequence[str] = (
-        *MLflowJobOperator.template_fields, "train_loop", "datasets", "config", "storage_path", "num_workers",
-        "use_gpu", "resources_per_worker", "placement_strategy", "compare_with_model", "worker_group", "worker_group_idle_timeout",
-    )  # fmt: skip
+        *MLflowJobOperator.template_fields,
+        "train_loop",
+        "datasets",
+        "config",
+        "storage_path",
+        "num_workers",
+        "use_gpu",
+        "resources_per_worker",
+        "placement_strategy",
+        "compare_with_model",
+        "worker_group",
+        "worker_group_idle_timeout",
+    )
     template_fields_renderers = {
         **MLflowJobOperator.template_fields_renderers,
         "config": "json",
@@ -194,8 +204,12 @@ class TorchTrainOperator(MLflowJobOperator):
         self.log.info("MLflow run %s, best checkpoint %s", result.mlflow_run_id, result.checkpoint_uri)
         comparison = result.comparison
         if comparison and comparison.get("skipped"):
-            self.log.warning("No comparison with %s@%s: %s", comparison["model_name"], comparison["alias"],
-                             comparison["skipped"])  # fmt: skip
+            self.log.warning(
+                "No comparison with %s@%s: %s",
+                comparison["model_name"],
+                comparison["alias"],
+                comparison["skipped"],
+            )
         elif comparison and comparison.get("champion_version"):
             self.log.info(
                 "On the same %s test rows: %s v%s %s; new model %s",

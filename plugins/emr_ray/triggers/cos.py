@@ -196,9 +196,15 @@ class COSKeyTrigger(BaseEventTrigger):
             recent = None if time.monotonic() - listed_all_at >= self.full_listing_s else self._recent(seen)
             try:
                 _, objects = await asyncio.to_thread(
-                    match_keys, hook, self.bucket_keys, self.bucket_name, wildcard_match=self.wildcard_match,
-                    use_regex=self.use_regex, metadata_keys=["Size", "LastModified"], partitions_from=recent,
-                )  # fmt: skip
+                    match_keys,
+                    hook,
+                    self.bucket_keys,
+                    self.bucket_name,
+                    wildcard_match=self.wildcard_match,
+                    use_regex=self.use_regex,
+                    metadata_keys=["Size", "LastModified"],
+                    partitions_from=recent,
+                )
                 if recent is None:
                     listed_all_at = time.monotonic()
             except Exception as e:  # a watcher outlives COS outages: log, and poll again
@@ -209,15 +215,24 @@ class COSKeyTrigger(BaseEventTrigger):
                 continue
             current = {_identity(obj): obj for obj in objects}
             if first_start and not self.announce_existing:
-                self.log.info("Watching %s from now on: %d object(s) already there are not announced",
-                              self.bucket_keys, len(current))  # fmt: skip
+                self.log.info(
+                    "Watching %s from now on: %d object(s) already there are not announced",
+                    self.bucket_keys,
+                    len(current),
+                )
                 seen = set(current)
             else:
                 for ident in sorted(set(current) - seen - set(pending), key=lambda i: current[i]["Key"]):
                     obj = current[ident]
                     self.log.info("New COS object %s", obj["Url"])
-                    yield TriggerEvent({"status": "success", "objects": [obj], "key": obj["Key"],
-                                        "partition": partition_of(obj["Key"])})  # fmt: skip
+                    yield TriggerEvent(
+                        {
+                            "status": "success",
+                            "objects": [obj],
+                            "key": obj["Key"],
+                            "partition": partition_of(obj["Key"]),
+                        }
+                    )
                     pending[ident] = time.monotonic()
             due = {i for i, at in pending.items() if time.monotonic() - at >= self.persist_grace_s}
             if due or first_start:

@@ -48,10 +48,18 @@ class RayJobTrigger(BaseTrigger):
         named when it stays PENDING.
     """
 
-    def __init__(self, *, submission_id: str, ray_conn_id: str, poll_interval: float = 5.0,
-                 deadline: float | None = None, pending_deadline: float | None = None,
-                 pending_timeout: float | None = None, monitor_retry_seconds: float = 0.0,
-                 entrypoint_asks: dict[str, float] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        submission_id: str,
+        ray_conn_id: str,
+        poll_interval: float = 5.0,
+        deadline: float | None = None,
+        pending_deadline: float | None = None,
+        pending_timeout: float | None = None,
+        monitor_retry_seconds: float = 0.0,
+        entrypoint_asks: dict[str, float] | None = None,
+    ) -> None:
         super().__init__()
         self.submission_id = submission_id
         self.ray_conn_id = ray_conn_id
@@ -85,11 +93,18 @@ class RayJobTrigger(BaseTrigger):
         try:
             async with hook.async_jobs() as jobs:
                 stopped = await jobs.stop_job(self.submission_id)
-            self.log.warning("The deferred task was acted on; stopped Ray job %s (%s)", self.submission_id,
-                             "stop accepted" if stopped else "it had ended")  # fmt: skip
+            self.log.warning(
+                "The deferred task was acted on; stopped Ray job %s (%s)",
+                self.submission_id,
+                "stop accepted" if stopped else "it had ended",
+            )
         except Exception as e:  # best effort, as on_kill must be: say where to stop it by hand
-            self.log.error("Could not stop Ray job %s (%s); stop it from %s", self.submission_id, e,
-                           hook.job_url(self.submission_id))  # fmt: skip
+            self.log.error(
+                "Could not stop Ray job %s (%s); stop it from %s",
+                self.submission_id,
+                e,
+                hook.job_url(self.submission_id),
+            )
 
     def _event(self, **payload: Any) -> TriggerEvent:
         return TriggerEvent({"status": "error", "submission_id": self.submission_id, **payload})
@@ -111,13 +126,18 @@ class RayJobTrigger(BaseTrigger):
                     if step == TIMEOUT:
                         self.log.warning("Deadline reached; stopping Ray job %s", self.submission_id)
                         await jobs.stop_job(self.submission_id)
-                        yield self._event(reason="execution_timeout", job_status="STOPPED",
-                                          message="execution_timeout reached while deferred; the Ray job was stopped")  # fmt: skip
+                        yield self._event(
+                            reason="execution_timeout",
+                            job_status="STOPPED",
+                            message="execution_timeout reached while deferred; the Ray job was stopped",
+                        )
                         return
                     if step == PENDING_TIMEOUT:
                         assert job is not None
-                        self.log.warning("Ray job %s still PENDING at its pending deadline; stopping it",
-                                         self.submission_id)  # fmt: skip
+                        self.log.warning(
+                            "Ray job %s still PENDING at its pending deadline; stopping it",
+                            self.submission_id,
+                        )
                         try:
                             resources: dict[str, Any] | None = await jobs.get_cluster_resources()
                         except RayClusterError:
@@ -127,9 +147,15 @@ class RayJobTrigger(BaseTrigger):
                         except RayClusterError:
                             stopped = False
                         yield TriggerEvent(
-                            pending_timeout_event(self.submission_id, job, resources, self.pending_timeout, stopped,
-                                                  self.entrypoint_asks)
-                        )  # fmt: skip
+                            pending_timeout_event(
+                                self.submission_id,
+                                job,
+                                resources,
+                                self.pending_timeout,
+                                stopped,
+                                self.entrypoint_asks,
+                            )
+                        )
                         return
                     await asyncio.sleep(poll_delay(job, time.time(), self.poll_interval))
         except RayJobsApiError as e:
@@ -138,8 +164,11 @@ class RayJobTrigger(BaseTrigger):
                 return
             self.log.error("Giving up on the Jobs API; Ray job %s is left running", self.submission_id)
             url = hook.job_url(self.submission_id)
-            yield self._event(reason="monitor_lost", job_status="UNKNOWN",
-                              message=lost_contact_message(self.submission_id, url, e, self.monitor_retry_seconds))  # fmt: skip
+            yield self._event(
+                reason="monitor_lost",
+                job_status="UNKNOWN",
+                message=lost_contact_message(self.submission_id, url, e, self.monitor_retry_seconds),
+            )
         except RayAuthError as e:
             yield self._event(reason="auth", job_status="UNKNOWN", message=str(e))
         except Exception as e:

@@ -105,17 +105,29 @@ def create_app() -> FastAPI:
 
     @app.get("/dags/{dag_id}", response_class=HTMLResponse, dependencies=READ_DAG)
     def dag_page(
-        dag_id: str, session: SessionDep, start: From = None, end: To = None, state: States = [],  # noqa: B006
-        decision: Decisions = [], page_number: PageNumber = 1, page_size: PageSize = PAGE_SIZE,  # noqa: B006
-    ) -> HTMLResponse:  # fmt: skip
+        dag_id: str,
+        session: SessionDep,
+        start: From = None,
+        end: To = None,
+        state: States = [],  # noqa: B006
+        decision: Decisions = [],  # noqa: B006
+        page_number: PageNumber = 1,
+        page_size: PageSize = PAGE_SIZE,
+    ) -> HTMLResponse:
         view = view_of(session, dag_id, start, end, state, decision, page_number, page_size)
         return HTMLResponse(page.render(view))
 
     @app.get("/api/dags/{dag_id}", dependencies=READ_DAG)
     def dag_rows(
-        dag_id: str, session: SessionDep, start: From = None, end: To = None, state: States = [],  # noqa: B006
-        decision: Decisions = [], page_number: PageNumber = 1, page_size: PageSize = PAGE_SIZE,  # noqa: B006
-    ) -> dict[str, Any]:  # fmt: skip
+        dag_id: str,
+        session: SessionDep,
+        start: From = None,
+        end: To = None,
+        state: States = [],  # noqa: B006
+        decision: Decisions = [],  # noqa: B006
+        page_number: PageNumber = 1,
+        page_size: PageSize = PAGE_SIZE,
+    ) -> dict[str, Any]:
         view = view_of(session, dag_id, start, end, state, decision, page_number, page_size)
         rows = dataclasses.asdict(view)
         rows.pop("chronological")  # every filtered row is the plots' business: the JSON is one page

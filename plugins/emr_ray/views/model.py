@@ -59,9 +59,12 @@ class Filters:
 
     @classmethod
     def parse(
-        cls, start: str | None = None, end: str | None = None,
-        states: Iterable[str] = (), decisions: Iterable[str] = (),
-    ) -> Filters:  # fmt: skip
+        cls,
+        start: str | None = None,
+        end: str | None = None,
+        states: Iterable[str] = (),
+        decisions: Iterable[str] = (),
+    ) -> Filters:
         """Filters from a query string's values; an unknown value raises :class:`FilterError`."""
         for name, value in (("from", start), ("to", end)):
             if value:
@@ -309,19 +312,26 @@ def serving_of(rows: Sequence[PartitionRow], registry: Registry | None) -> Servi
             return Serving(model_name=model, source="mlflow", note=f"{model} has no champion alias")
         why = next((row for row in promotions if row.version == version), None)
         return Serving(
-            model_name=model, version=version, source="mlflow",
-            promoted_by=why.run_id if why else None, partition=why.partition if why else None,
-            reason=why.reason if why else None, url=registry.version_urls.get(f"{model}/{version}"),
+            model_name=model,
+            version=version,
+            source="mlflow",
+            promoted_by=why.run_id if why else None,
+            partition=why.partition if why else None,
+            reason=why.reason if why else None,
+            url=registry.version_urls.get(f"{model}/{version}"),
             note=None if why else "promoted outside this DAG's recorded runs",
-        )  # fmt: skip
+        )
     error = registry.error if registry is not None else "not asked"
     last = promotions[0] if promotions else None
     return Serving(
-        model_name=model, version=last.version if last else None, source="runs",
-        promoted_by=last.run_id if last else None, partition=last.partition if last else None,
+        model_name=model,
+        version=last.version if last else None,
+        source="runs",
+        promoted_by=last.run_id if last else None,
+        partition=last.partition if last else None,
         reason=last.reason if last else None,
         note=f"MLflow unavailable ({error}): the champion as this DAG's last promotion left it",
-    )  # fmt: skip
+    )
 
 
 def build_view(

@@ -81,11 +81,15 @@ def serving_html(serving: Serving) -> str:
         version = _link(serving.url, f"v{serving.version}")
     why = ""
     if serving.promoted_by:
-        why = (f" since partition {_text(serving.partition)} (run <code>{escape(serving.promoted_by)}</code>): "
-               f"{_text(serving.reason)}")  # fmt: skip
+        why = (
+            f" since partition {_text(serving.partition)} (run <code>{escape(serving.promoted_by)}</code>): "
+            f"{_text(serving.reason)}"
+        )
     note = f'<div class="note">{escape(serving.note)}</div>' if serving.note else ""
-    return (f'<div class="serving"><b>Serving now:</b> {escape(serving.model_name)} {version} '
-            f"(champion, from {'MLflow' if serving.source == 'mlflow' else 'the runs'}){why}{note}</div>")  # fmt: skip
+    return (
+        f'<div class="serving"><b>Serving now:</b> {escape(serving.model_name)} {version} '
+        f"(champion, from {'MLflow' if serving.source == 'mlflow' else 'the runs'}){why}{note}</div>"
+    )
 
 
 def _options(name: str, values: Iterable[str], chosen: frozenset[str]) -> str:
@@ -130,8 +134,19 @@ def pager_html(view: RetrainingView) -> str:
     return f'<div class="pager">{" ".join(parts)}</div>'
 
 
-COLUMNS = ("partition", "run type", "state", "generation", "rows in / out", "model version",
-           "gate: new / champion", "decision", "CPU-s / GPU-s", "wall time per task", "links")  # fmt: skip
+COLUMNS = (
+    "partition",
+    "run type",
+    "state",
+    "generation",
+    "rows in / out",
+    "model version",
+    "gate: new / champion",
+    "decision",
+    "CPU-s / GPU-s",
+    "wall time per task",
+    "links",
+)
 
 
 def row_html(row: PartitionRow, task_order: Sequence[str]) -> str:

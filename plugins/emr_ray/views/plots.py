@@ -45,8 +45,10 @@ def _fmt(value: float) -> str:
 
 
 def _axes(frame: Frame, rows: Sequence[PartitionRow], unit: str) -> list[str]:
-    parts = [f'<line x1="{LEFT}" y1="{TOP + frame.inner_h}" x2="{LEFT + frame.inner_w}" '
-             f'y2="{TOP + frame.inner_h}" stroke="#888"/>']  # fmt: skip
+    parts = [
+        f'<line x1="{LEFT}" y1="{TOP + frame.inner_h}" x2="{LEFT + frame.inner_w}" '
+        f'y2="{TOP + frame.inner_h}" stroke="#888"/>'
+    ]
     for fraction in (0.0, 0.5, 1.0):
         value = frame.low + fraction * (frame.high - frame.low)
         y = frame.y(value)
@@ -58,8 +60,10 @@ def _axes(frame: Frame, rows: Sequence[PartitionRow], unit: str) -> list[str]:
     step = max(1, -(-len(rows) // 5))  # at most 5 dates: they fit side by side
     for index in range(0, len(rows), step):
         label = rows[index].partition or "?"
-        parts.append(f'<text x="{frame.x(index):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">'
-                     f"{escape(label)}</text>")  # fmt: skip
+        parts.append(
+            f'<text x="{frame.x(index):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">'
+            f"{escape(label)}</text>"
+        )
     return parts
 
 
@@ -82,12 +86,19 @@ def _svg(title: str, body: list[str]) -> str:
 
 
 def _empty(title: str, why: str) -> str:
-    return _svg(title, [f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" fill="#666">'
-                        f"{escape(why)}</text>"])  # fmt: skip
+    return _svg(
+        title,
+        [f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" fill="#666">{escape(why)}</text>'],
+    )
 
 
-def _polyline(frame: Frame, rows: Sequence[PartitionRow], value: Callable[[PartitionRow], float | None],
-              colour: str, dashed: bool = False) -> list[str]:  # fmt: skip
+def _polyline(
+    frame: Frame,
+    rows: Sequence[PartitionRow],
+    value: Callable[[PartitionRow], float | None],
+    colour: str,
+    dashed: bool = False,
+) -> list[str]:
     """Line segments through the rows that have a value (a missing one breaks the line), and a dot each."""
     parts: list[list[str]] = []
     run: list[str] = []
@@ -124,9 +135,11 @@ def metric_plot(rows: Sequence[PartitionRow]) -> str:
     for i, row in enumerate(rows):
         if row.decision == PROMOTED:
             x = frame.x(i)
-            body.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + frame.inner_h}" '
-                        f'stroke="#e15759" stroke-dasharray="2 2"><title>champion: v{escape(str(row.version))} '
-                        f"({escape(row.partition or '?')})</title></line>")  # fmt: skip
+            body.append(
+                f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + frame.inner_h}" '
+                f'stroke="#e15759" stroke-dasharray="2 2"><title>champion: v{escape(str(row.version))} '
+                f"({escape(row.partition or '?')})</title></line>"
+            )
             body.append(
                 f'<text x="{x + 2:.1f}" y="{TOP + 8}" fill="#e15759">v{escape(str(row.version))}</text>'
             )
@@ -155,9 +168,11 @@ def cost_plot(rows: Sequence[PartitionRow], task_order: Sequence[str]) -> str:
             if not seconds:
                 continue
             top = frame.y(base + seconds)
-            body.append(f'<rect x="{frame.x(i) - width / 2:.1f}" y="{top:.1f}" width="{width:.1f}" '
-                        f'height="{frame.y(base) - top:.1f}" fill="{colours[task]}"><title>'
-                        f"{escape(row.partition or '?')} {escape(task)}: {seconds:.1f} CPU-s</title></rect>")  # fmt: skip
+            body.append(
+                f'<rect x="{frame.x(i) - width / 2:.1f}" y="{top:.1f}" width="{width:.1f}" '
+                f'height="{frame.y(base) - top:.1f}" fill="{colours[task]}"><title>'
+                f"{escape(row.partition or '?')} {escape(task)}: {seconds:.1f} CPU-s</title></rect>"
+            )
             base += seconds
     body += _legend([(task, colours[task]) for task in tasks])
     return _svg(title, body)
@@ -175,9 +190,11 @@ def rows_plot(rows: Sequence[PartitionRow]) -> str:
     for i, row in enumerate(rows):
         if row.rows_in is not None:
             top = frame.y(row.rows_in)
-            body.append(f'<rect x="{frame.x(i) - width / 2:.1f}" y="{top:.1f}" width="{width:.1f}" '
-                        f'height="{frame.y(0) - top:.1f}" fill="#76b7b2"><title>{escape(row.partition or "?")}: '
-                        f"{row.rows_in:,} rows in</title></rect>")  # fmt: skip
+            body.append(
+                f'<rect x="{frame.x(i) - width / 2:.1f}" y="{top:.1f}" width="{width:.1f}" '
+                f'height="{frame.y(0) - top:.1f}" fill="#76b7b2"><title>{escape(row.partition or "?")}: '
+                f"{row.rows_in:,} rows in</title></rect>"
+            )
     body += _polyline(frame, rows, lambda r: None if r.rows_out is None else float(r.rows_out), "#f28e2b")
     body += _legend([("rows in", "#76b7b2"), ("rows out", "#f28e2b")])
     return _svg(title, body)

@@ -50,10 +50,11 @@ def read_runs(session: Session, dag_id: str, limit: int = MAX_RUNS) -> list[RunR
     ).all()
     xcoms = session.execute(
         select(X.run_id, X.task_id, X.map_index, X.key, X.value).where(
-            X.dag_id == dag_id, X.run_id.in_(run_ids),
+            X.dag_id == dag_id,
+            X.run_id.in_(run_ids),
             or_(X.key == "return_value", X.key.in_(list(LINK_KEYS))),
         )
-    ).all()  # fmt: skip
+    ).all()
     values: dict[tuple[str, str, int], dict[str, Any]] = defaultdict(dict)
     for row in xcoms:
         values[(row.run_id, row.task_id, row.map_index)][row.key] = X.deserialize_value(row)
@@ -99,9 +100,11 @@ def retraining_dag_ids(session: Session, readable: set[str] | None = None) -> li
 
 
 def read_registry(
-    model_names: Iterable[str], mlflow_conn_id: str = "mlflow_default", deadline: float | None = None,
+    model_names: Iterable[str],
+    mlflow_conn_id: str = "mlflow_default",
+    deadline: float | None = None,
     reads: Reads = READS,
-) -> Registry:  # fmt: skip
+) -> Registry:
     """The aliases of each model as MLflow has them now (or as it said them in the last
     :data:`~emr_ray.views.mlflow_reads.CACHE_TTL_S` seconds), and each champion's UI URL; when MLflow
     fails or is not back by ``deadline``, a Registry that says why."""
@@ -139,9 +142,12 @@ ACTIVE = frozenset({"running", "deferred", "queued", "scheduled", "up_for_retry"
 
 
 def read_progress(
-    dag_id: str, runs: Iterable[RunRecord], mlflow_conn_id: str = "mlflow_default",
-    deadline: float | None = None, reads: Reads = READS,
-) -> dict[str, str]:  # fmt: skip
+    dag_id: str,
+    runs: Iterable[RunRecord],
+    mlflow_conn_id: str = "mlflow_default",
+    deadline: float | None = None,
+    reads: Reads = READS,
+) -> dict[str, str]:
     """Each active run's training progress as MLflow has it now: its run is found by the name every
     try of the task gives it (:attr:`emr_ray.identity.TaskIdentity.run_name`), its epochs from the
     run's ``epochs`` param and the steps logged. Empty when nothing is active or MLflow does not answer
@@ -172,8 +178,12 @@ def _progress(wanted: Mapping[str, str], mlflow_conn_id: str) -> dict[str, str]:
             experiments = [e.experiment_id for e in client.search_experiments(max_results=1000)]
             progress: dict[str, str] = {}
             for name, run_id in wanted.items():  # a few at a time: the runs still going
-                found = client.search_runs(experiments, filter_string=f"tags.`emr_ray.run_name` = '{name}'",
-                                           max_results=1, order_by=["attributes.start_time DESC"])  # fmt: skip
+                found = client.search_runs(
+                    experiments,
+                    filter_string=f"tags.`emr_ray.run_name` = '{name}'",
+                    max_results=1,
+                    order_by=["attributes.start_time DESC"],
+                )
                 if found:
                     latest = found[0]
                     steps = {m.step for m in client.get_metric_history(latest.info.run_id, "test_loss")}

@@ -82,8 +82,13 @@ def main(
         from emr_ray.cluster.reuse import code_version
 
         # with versions, the code version is what a model version's receipt names
-        result = dataclasses.replace(result, code_origin=code_origin(), code_version=code_version(),
-                                     versions=library_versions(), usage=_usage.report())  # fmt: skip
+        result = dataclasses.replace(
+            result,
+            code_origin=code_origin(),
+            code_version=code_version(),
+            versions=library_versions(),
+            usage=_usage.report(),
+        )
     elif isinstance(result, dict):
         result["usage"] = _usage.report().to_dict()  # never raises
     if isinstance(result, JobResult | dict) and after is not None:

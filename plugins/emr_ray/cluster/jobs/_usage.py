@@ -195,8 +195,10 @@ def summary(usage: Usage | None) -> str:
     if usage.phases:
         parts.append("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in usage.phases.items()))
     if idle := usage.pool_idle:
-        parts.append(f"warm pools idle before its calls {idle.seconds:.0f} s ({idle.cpu_seconds:.1f} CPU-s, "
-                     f"{idle.gpu_seconds:.1f} GPU-s)")  # fmt: skip
+        parts.append(
+            f"warm pools idle before its calls {idle.seconds:.0f} s ({idle.cpu_seconds:.1f} CPU-s, "
+            f"{idle.gpu_seconds:.1f} GPU-s)"
+        )
     if usage.missing:
         parts.append("not measured: " + "; ".join(usage.missing))
     return ", ".join(parts)
@@ -218,8 +220,11 @@ def mlflow_metrics(usage: Usage | None) -> dict[str, float]:
     for name, seconds in usage.phases.items():
         out[f"usage.phase.{name}_seconds"] = float(seconds)
     if idle := usage.pool_idle:
-        out |= {"usage.pool_idle_seconds": float(idle.seconds), "usage.pool_idle_cpu_seconds": float(idle.cpu_seconds),
-                "usage.pool_idle_gpu_seconds": float(idle.gpu_seconds)}  # fmt: skip
+        out |= {
+            "usage.pool_idle_seconds": float(idle.seconds),
+            "usage.pool_idle_cpu_seconds": float(idle.cpu_seconds),
+            "usage.pool_idle_gpu_seconds": float(idle.gpu_seconds),
+        }
     return out
 
 
@@ -360,8 +365,13 @@ def _tasks(job_id: str, now: float) -> list[Held]:
     from ray.util.state import list_tasks
 
     def read() -> list[Any]:
-        tasks = list_tasks(filters=[("job_id", "=", job_id)], detail=True, limit=10_000, timeout=10,
-                           raise_on_missing_output=False)  # fmt: skip
+        tasks = list_tasks(
+            filters=[("job_id", "=", job_id)],
+            detail=True,
+            limit=10_000,
+            timeout=10,
+            raise_on_missing_output=False,
+        )
         return [t for t in tasks if t.type == "NORMAL_TASK" and t.start_time_ms]
 
     tasks = read()

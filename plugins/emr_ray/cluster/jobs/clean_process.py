@@ -47,8 +47,13 @@ log = logging.getLogger("emr_ray.cluster.jobs.clean_process")
 #: loading a ``torch.export`` program (the ``.pt2`` a logged model holds) imports on first use: 1.3 s
 #: of a 1.5 s first load here, paid by every call otherwise, since each child serves one call.
 PREIMPORTS = (
-    "torch", "mlflow.pytorch", "mlflow.pyfunc", "pyarrow.parquet", "torch._dynamo", "torch._export.serde.serialize",
-)  # fmt: skip
+    "torch",
+    "mlflow.pytorch",
+    "mlflow.pyfunc",
+    "pyarrow.parquet",
+    "torch._dynamo",
+    "torch._export.serde.serialize",
+)
 #: the longest one call may take before its child is killed
 CALL_TIMEOUT_S = 900.0
 #: how long a call's child may take to disappear once it has closed its pipes
@@ -72,13 +77,20 @@ class _Template:
         from emr_ray.cluster.reuse import secret_looking
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = {key: value for key, value in os.environ.items()
-               if key not in CREDENTIAL_ENV_VARS and not secret_looking(key)}  # fmt: skip
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in CREDENTIAL_ENV_VARS and not secret_looking(key)
+        }
         env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(theirs.fileno()), *PREIMPORTS], pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, cwd=os.getcwd(),
-        )  # fmt: skip
+            [sys.executable, "-m", __name__, str(theirs.fileno()), *PREIMPORTS],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            cwd=os.getcwd(),
+        )
         theirs.close()
         self.socket = ours
 

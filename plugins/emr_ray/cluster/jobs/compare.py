@@ -276,9 +276,11 @@ def _compare(
                 "Copied %s v%s's files in %.1fs", section.model_name, version, time.monotonic() - copying
             )
             champion_figures = clean_process.call(
-                f"{__name__}:score_rows", {"spec": spec, "version": version, "rows": rows, "local": local}, {},
+                f"{__name__}:score_rows",
+                {"spec": spec, "version": version, "rows": rows, "local": local},
+                {},
                 errors={"Skipped": Skipped},
-            )  # fmt: skip
+            )
     else:
         champion_figures = score_champion(**kwargs)
     challenger_figures = _numbers(evaluate(challenger, spec.config, table))

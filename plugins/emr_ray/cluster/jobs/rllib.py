@@ -46,9 +46,13 @@ CHECKPOINT_PREFIX = "checkpoint_"
 MODEL_NAME = "model"
 #: the env runners' metrics logged each iteration (episode_return_mean: the register gate's metric)
 ENV_RUNNER_METRICS = (
-    "episode_return_mean", "episode_return_min", "episode_return_max", "episode_len_mean",
-    "num_episodes", "num_env_steps_sampled_lifetime",
-)  # fmt: skip
+    "episode_return_mean",
+    "episode_return_min",
+    "episode_return_max",
+    "episode_len_mean",
+    "num_episodes",
+    "num_env_steps_sampled_lifetime",
+)
 #: the learners' metrics besides every ``*loss``
 LEARNER_METRICS = ("entropy", "vf_explained_var", "mean_kl_loss", "curr_kl_coeff")
 #: a metric every iteration logs: its MLflow history says which iterations were logged

@@ -67,21 +67,31 @@ def run(spec: SparkJobSpec) -> SparkResult:
 
 
 def _run_shared(
-    spec: SparkJobSpec, configs: dict[str, str], env: dict[str, str], options: storage.StorageOptions,
+    spec: SparkJobSpec,
+    configs: dict[str, str],
+    env: dict[str, str],
+    options: storage.StorageOptions,
     files: list[str],
-) -> SparkResult:  # fmt: skip
+) -> SparkResult:
     import ray
 
-    out = spark_session.run_shared(spec, configs, env, options, files,
-                                   job_runtime_env=ray.get_runtime_context().runtime_env)  # fmt: skip
+    out = spark_session.run_shared(
+        spec, configs, env, options, files, job_runtime_env=ray.get_runtime_context().runtime_env
+    )
     use: PoolUse = out["use"]
     for line in out["log"]:  # the call's progress, in this job's log (and so in the task log)
         print(line, flush=True)
     # the call's own steps (read, compute, write, commit) under their names; the rest of the call
     # (reaching the session, and starting it when there was none) as ``spark_session``
     _usage.lap("spark_session", **out["phases"])
-    _usage.borrow("actor", "SharedSparkExecutors", {"CPU": out["cpus"]}, out["call_started_at"],
-                  out["call_ended_at"], idle_before=use.idle_seconds)  # fmt: skip
+    _usage.borrow(
+        "actor",
+        "SharedSparkExecutors",
+        {"CPU": out["cpus"]},
+        out["call_started_at"],
+        out["call_ended_at"],
+        idle_before=use.idle_seconds,
+    )
     return dataclasses.replace(out["result"], spark_session=use)
 
 

@@ -65,9 +65,12 @@ session_runtime_env = warm.pool_runtime_env
 
 
 def session_key(
-    settings: Mapping[str, Any], configs: Mapping[str, str], runtime_env: Mapping[str, Any], code: str = "",
+    settings: Mapping[str, Any],
+    configs: Mapping[str, str],
+    runtime_env: Mapping[str, Any],
+    code: str = "",
     tenant: str = "",
-) -> str:  # fmt: skip
+) -> str:
     """The name of the session for this configuration, code (:func:`warm.code_identity`) and tenant
     (the job's connections): equal inputs, equal name; any difference, another."""
     payload = {
@@ -125,8 +128,16 @@ class WarmSpark(warm_actor.WarmActor):
     MAX_CONCURRENCY = 16
     LAPSE_RETIRES = False  # its calls run in it: once they end, a killed job's lease leaves it sound
 
-    def __init__(self, name: str, settings: SparkSettings, configs: dict[str, str], env: dict[str, str],
-                 idle_timeout_s: float, executors_wait_s: float = EXECUTORS_WAIT_S, **lifecycle: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        settings: SparkSettings,
+        configs: dict[str, str],
+        env: dict[str, str],
+        idle_timeout_s: float,
+        executors_wait_s: float = EXECUTORS_WAIT_S,
+        **lifecycle: Any,
+    ) -> None:
         self.settings, self.configs, self.env = settings, configs, env
         self.executors_wait_s = executors_wait_s
         super().__init__(name, idle_timeout_s, **lifecycle)
@@ -162,14 +173,24 @@ class WarmSpark(warm_actor.WarmActor):
             began = time.time()
             with warm.CallLog.capture() as lines, call_session(self.spark) as spark:
                 result = preprocess_partition(spark, spec, options, files, lap=recorder.lap)
-        return {"result": result, "log": lines, "phases": recorder.phases, "call_started_at": began,
-                "call_ended_at": time.time()}  # fmt: skip
+        return {
+            "result": result,
+            "log": lines,
+            "phases": recorder.phases,
+            "call_started_at": began,
+            "call_ended_at": time.time(),
+        }
 
 
 def run_shared(
-    spec: SparkJobSpec, configs: dict[str, str], env: dict[str, str], options: storage.StorageOptions,
-    files: list[str], *, job_runtime_env: Mapping[str, Any],
-) -> dict[str, Any]:  # fmt: skip
+    spec: SparkJobSpec,
+    configs: dict[str, str],
+    env: dict[str, str],
+    options: storage.StorageOptions,
+    files: list[str],
+    *,
+    job_runtime_env: Mapping[str, Any],
+) -> dict[str, Any]:
     """Run the preprocessing of ``spec`` in the shared session for this configuration, on a free
     replica, or a new one when all are busy and the cluster has room (else it waits); in a fresh one
     if the session died during the call. A call that fails but for bad input retires its session."""
@@ -178,10 +199,17 @@ def run_shared(
     from emr_ray.cluster.jobs._runtime import INPUT_ERRORS
 
     runtime_env = session_runtime_env(job_runtime_env)
-    settings = {k: getattr(spec.spark, k)
-                for k in ("num_executors", "executor_cores", "executor_memory", "placement_group_strategy")}  # fmt: skip
-    key = session_key(settings, {**configs, **{f"env.{k}": v for k, v in env.items()}}, runtime_env,
-                      warm.code_identity([spec.preprocess]), spec.tenant)  # fmt: skip
+    settings = {
+        k: getattr(spec.spark, k)
+        for k in ("num_executors", "executor_cores", "executor_memory", "placement_group_strategy")
+    }
+    key = session_key(
+        settings,
+        {**configs, **{f"env.{k}": v for k, v in env.items()}},
+        runtime_env,
+        warm.code_identity([spec.preprocess]),
+        spec.tenant,
+    )
     args = (spec.spark, configs, env, spec.spark.idle_timeout_s)
     for died in count(1):
         with warm_actor.lease(
@@ -203,9 +231,15 @@ def run_shared(
                 )
         warm.wait_gone(session.name, NAMESPACE)
     log.info("%s", session.describe("Shared Spark session"))
-    return {"result": out["result"], "log": out["log"], "phases": out["phases"], "use": session.use(),
-            "cpus": session.info["cpus"], "call_started_at": out["call_started_at"],
-            "call_ended_at": out["call_ended_at"]}  # fmt: skip
+    return {
+        "result": out["result"],
+        "log": out["log"],
+        "phases": out["phases"],
+        "use": session.use(),
+        "cpus": session.info["cpus"],
+        "call_started_at": out["call_started_at"],
+        "call_ended_at": out["call_ended_at"],
+    }
 
 
 def sessions() -> list[str]:

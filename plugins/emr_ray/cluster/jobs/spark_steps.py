@@ -25,10 +25,21 @@ log = logging.getLogger("emr_ray.cluster.jobs.spark")
 
 # JDK 17 closes these packages; Spark's executors (and Arrow) need them open (see RayDP's docs).
 _ADD_OPENS = [
-    "java.lang", "java.lang.invoke", "java.io", "java.net", "java.nio", "java.math", "java.text",
-    "java.util", "java.util.concurrent", "java.util.concurrent.atomic", "sun.nio.ch", "sun.nio.cs",
-    "sun.security.action", "sun.util.calendar",
-]  # fmt: skip
+    "java.lang",
+    "java.lang.invoke",
+    "java.io",
+    "java.net",
+    "java.nio",
+    "java.math",
+    "java.text",
+    "java.util",
+    "java.util.concurrent",
+    "java.util.concurrent.atomic",
+    "sun.nio.ch",
+    "sun.nio.cs",
+    "sun.security.action",
+    "sun.util.calendar",
+]
 JAVA_OPTIONS = " ".join(
     ["-XX:+IgnoreUnrecognizedVMOptions"] + [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _ADD_OPENS]
 )
@@ -181,9 +192,12 @@ def session_settings(
     go to each call's Spark tasks, :func:`read_partition` and :func:`write_output`)."""
     hadoop = storage.spark_hadoop_configs([spec.input_uri, spec.output_uri], options)
     if hadoop:
-        log.info("hdfs:// goes to WebHDFS at %s (ViewFileSystemOverloadScheme)",
-                 storage.webhdfs_address(spec.input_uri if spec.input_uri.startswith("hdfs:") else spec.output_uri,
-                                         options))  # fmt: skip
+        log.info(
+            "hdfs:// goes to WebHDFS at %s (ViewFileSystemOverloadScheme)",
+            storage.webhdfs_address(
+                spec.input_uri if spec.input_uri.startswith("hdfs:") else spec.output_uri, options
+            ),
+        )
     env: dict[str, str] = {}
     if options.hdfs_user:
         env["HADOOP_USER_NAME"] = os.environ.get("HADOOP_USER_NAME", options.hdfs_user)
@@ -203,8 +217,13 @@ def start_spark(app_name: str, settings: SparkSettings, configs: dict[str, str])
         placement_group_strategy=settings.placement_group_strategy,
         configs=configs,
     )
-    log.info("Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each", time.monotonic() - started,
-             settings.num_executors, settings.executor_cores, settings.executor_memory)  # fmt: skip
+    log.info(
+        "Spark on Ray started in %.1fs: %s executor(s) x %s core(s), %s each",
+        time.monotonic() - started,
+        settings.num_executors,
+        settings.executor_cores,
+        settings.executor_memory,
+    )
     return spark
 
 
@@ -277,8 +296,10 @@ def preprocess_partition(
             records = write_output(out, uri, options)
             rows = written_rows(records, uri, options)
             lap("write")
-            written[name] = {"rows": rows,
-                             "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields]}  # fmt: skip
+            written[name] = {
+                "rows": rows,
+                "schema": [[f.name, f.dataType.simpleString()] for f in out.schema.fields],
+            }
             if records is not None:  # what the writers recorded: the commit checks its listing against it
                 written[name]["files"] = records
             log.info("Wrote output %r: %d rows", name, rows)

@@ -124,8 +124,9 @@ def planned_rows(plan: dict[str, Any], spec: TrainJobSpec) -> dict[str, int]:
     return rows
 
 
-def pin_inputs(spec: TrainJobSpec, inputs: Inputs, options: storage.StorageOptions,
-               mlflow_run_id: str | None = None) -> None:  # fmt: skip
+def pin_inputs(
+    spec: TrainJobSpec, inputs: Inputs, options: storage.StorageOptions, mlflow_run_id: str | None = None
+) -> None:
     """Pin each input generation for this training (``train-<run name>``), with its MLflow run once
     known: retention keeps them while it reads, and afterwards while a version registered from that run
     is kept (the housekeeping asks the registry). A rerun without a run id never erases the one the pin
@@ -135,8 +136,15 @@ def pin_inputs(spec: TrainJobSpec, inputs: Inputs, options: storage.StorageOptio
         if committed.generation == partitions.LEGACY:
             continue
         try:
-            retention.pin(committed.partition_uri, committed.generation, f"train-{spec.run_name}", options,
-                          kind="training", run_name=spec.run_name, mlflow_run_id=mlflow_run_id)  # fmt: skip
+            retention.pin(
+                committed.partition_uri,
+                committed.generation,
+                f"train-{spec.run_name}",
+                options,
+                kind="training",
+                run_name=spec.run_name,
+                mlflow_run_id=mlflow_run_id,
+            )
         except Exception as e:
             raise JobInputError(
                 f"Could not pin generation {committed.generation} of {committed.partition_uri} for this "
@@ -176,17 +184,24 @@ def finished_result(state: dict[str, Any], print_key: str, *, force: bool = Fals
 
 
 def resume_state(
-    spec: NamedRun, run_state: RunState, print_key: str, *, force: bool = False,
+    spec: NamedRun,
+    run_state: RunState,
+    print_key: str,
+    *,
+    force: bool = False,
     state: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The stored state to continue from: kept when the inputs are the same, cleared otherwise
     (and always cleared when recomputation is forced). The training and the RLlib job's rule.
     ``state``: what :meth:`RunState.read` gave, when the caller read it already (read once: an
     unreadable state is copied aside on each read)."""
     state = run_state.read() if state is None else state
     if state.get("unreadable"):
-        log.warning("The stored state of run %s is unreadable (kept as %s): starting the run clean.",
-                    spec.run_name, state["unreadable"])  # fmt: skip
+        log.warning(
+            "The stored state of run %s is unreadable (kept as %s): starting the run clean.",
+            spec.run_name,
+            state["unreadable"],
+        )
         run_state.clear()
         return {}
     if state and force:
@@ -364,8 +379,14 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> TrainResult:
         from emr_ray.cluster.jobs.train_warm import WarmTrainer
 
         # its rank 0 starts the run within the lease: this driver imports no MLflow (jobs/train_warm.py)
-        trainer = WarmTrainer(spec, plan, options, ray.get_runtime_context().runtime_env,
-                              resume_run_id=resuming, on_run_started=record_run)  # fmt: skip
+        trainer = WarmTrainer(
+            spec,
+            plan,
+            options,
+            ray.get_runtime_context().runtime_env,
+            resume_run_id=resuming,
+            on_run_started=record_run,
+        )
         usage.by(trainer.log_usage)
     else:
         record_run(mlflow_run_id := tracking.start_run(spec, resuming))

@@ -110,11 +110,23 @@ class TrainWorker:
             return
         import torch.distributed as dist
 
-        dist.init_process_group("nccl" if self.use_gpu else "gloo", init_method=f"tcp://{master}:{port}",
-                                rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=30))  # fmt: skip
+        dist.init_process_group(
+            "nccl" if self.use_gpu else "gloo",
+            init_method=f"tcp://{master}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(minutes=30),
+        )
 
-    def run(self, call: str, train_loop: str, config: dict[str, Any], options: Any, run_uri: str,
-            resume_path: str | None) -> dict[str, Any]:  # fmt: skip
+    def run(
+        self,
+        call: str,
+        train_loop: str,
+        config: dict[str, Any],
+        options: Any,
+        run_uri: str,
+        resume_path: str | None,
+    ) -> dict[str, Any]:
         """Run the loop once with this call's storage options; rank 0 stores each epoch's checkpoint."""
         import tempfile
 
@@ -136,8 +148,15 @@ class TrainWorker:
             try:
                 with tempfile.TemporaryDirectory() as tmp:
                     resume_dir = train_checkpoints.download(fsys, resume_path, tmp) if resume_path else None
-                    context = emr_train.WarmGroupContext(self.rank, self.world_size, self.device, options,
-                                                         resume_dir, report, emr_train.inputs_of_plan(config))  # fmt: skip
+                    context = emr_train.WarmGroupContext(
+                        self.rank,
+                        self.world_size,
+                        self.device,
+                        options,
+                        resume_dir,
+                        report,
+                        emr_train.inputs_of_plan(config),
+                    )
                     with emr_train.running_in(context):
                         import_by_path(train_loop)(config)
             except BaseException:
@@ -233,19 +252,25 @@ class WarmTrainGroup(warm_actor.WarmActor):
         while not ray.wait([ready_ref], timeout=2.0)[0]:
             if time.monotonic() > deadline:
                 ray.util.remove_placement_group(self.placement)
-                raise RuntimeError(f"Warm worker group {self.name}: {workers} x {resources} not placeable in "
-                                   f"{PLACEMENT_TIMEOUT_S:.0f}s; the cluster lacks the resources.")  # fmt: skip
+                raise RuntimeError(
+                    f"Warm worker group {self.name}: {workers} x {resources} not placeable in "
+                    f"{PLACEMENT_TIMEOUT_S:.0f}s; the cluster lacks the resources."
+                )
             # a pool that was busy when this group was asked for may be idle now: it gives way
             warm.release_idle(self.scaling.cpus, keep=self.name)
         extra = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
         worker_class = remote_worker()
         self.workers = [
             worker_class.options(
-                num_cpus=resources.get("CPU", 0.0), num_gpus=resources.get("GPU", 0), resources=extra or None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
+                num_cpus=resources.get("CPU", 0.0),
+                num_gpus=resources.get("GPU", 0),
+                resources=extra or None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement, placement_group_bundle_index=rank
+                ),
             ).remote(rank, workers, self.scaling.use_gpu)
             for rank in range(workers)
-        ]  # fmt: skip
+        ]
         master, port = ray.get(self.workers[0].address.remote())
         ray.get([worker.join.remote(master, port) for worker in self.workers])
 
@@ -331,15 +356,24 @@ class GroupCall:
         import ray
 
         try:
-            late = ray.get(self.rank0.settle.options(concurrency_group="control").remote(call, seen, SETTLE_S),
-                           timeout=SETTLE_S + 30)  # fmt: skip
+            late = ray.get(
+                self.rank0.settle.options(concurrency_group="control").remote(call, seen, SETTLE_S),
+                timeout=SETTLE_S + 30,
+            )
         except Exception:  # rank 0 is gone, or hung in a collective beyond the bound
             return
         for report in late:
             on_report(report)
 
-    def loop(self, train_loop: str, config: dict[str, Any], options: Any, run_uri: str, resume: str | None,
-             on_report: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+    def loop(
+        self,
+        train_loop: str,
+        config: dict[str, Any],
+        options: Any,
+        run_uri: str,
+        resume: str | None,
+        on_report: Callable[[dict[str, Any]], None],
+    ) -> None:
         """Run ``train_loop`` on every worker; ``on_report`` gets rank 0's reports as they come."""
         import ray
 
@@ -407,9 +441,16 @@ def fit_shared(
         finished = after(call.after_fit) if after is not None else None
     info = group.info
     return {
-        "use": group.use(), "cpus": info["cpus"], "gpus": info["gpus"], "call_started_at": group.began, "call_ended_at": time.time(),
-        "log": call.log, "after": finished, "rank0": call.rank0, "described": group.describe("Warm worker group"),
-    }  # fmt: skip
+        "use": group.use(),
+        "cpus": info["cpus"],
+        "gpus": info["gpus"],
+        "call_started_at": group.began,
+        "call_ended_at": time.time(),
+        "log": call.log,
+        "after": finished,
+        "rank0": call.rank0,
+        "described": group.describe("Warm worker group"),
+    }
 
 
 def groups() -> list[str]:
@@ -447,13 +488,19 @@ def wait_for_abandoned_calls(run_uri: str, timeout_s: float = ABANDONED_WAIT_S) 
             continue
     if not serving:
         return []
-    log.warning("Warm worker group(s) %s still run a call on %s (a killed job's: its lease lapses within "
-                "%.0fs); waiting for them to stop, so that the run has one writer", ", ".join(serving), run_uri,
-                LEASE_TIMEOUT_S)  # fmt: skip
+    log.warning(
+        "Warm worker group(s) %s still run a call on %s (a killed job's: its lease lapses within "
+        "%.0fs); waiting for them to stop, so that the run has one writer",
+        ", ".join(serving),
+        run_uri,
+        LEASE_TIMEOUT_S,
+    )
     deadline = time.monotonic() + timeout_s
     for name in serving:
         warm.wait_gone(name, NAMESPACE, timeout=max(deadline - time.monotonic(), 0.0))
     if alive := [name for name in serving if warm.exists(name, NAMESPACE)]:
-        raise RuntimeError(f"Warm worker group(s) {', '.join(alive)} still train {run_uri} after "
-                           f"{timeout_s:.0f}s: another job trains this run; stop it, or retry later.")  # fmt: skip
+        raise RuntimeError(
+            f"Warm worker group(s) {', '.join(alive)} still train {run_uri} after "
+            f"{timeout_s:.0f}s: another job trains this run; stop it, or retry later."
+        )
     return serving

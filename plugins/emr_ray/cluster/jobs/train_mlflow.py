@@ -259,8 +259,11 @@ def backfill_checkpointed_epochs(fsys, run_path: str, spec: TrainJobSpec, mlflow
         epoch = int(metrics.pop("epoch", -1))
         if epoch >= 0 and epoch not in logged:
             stamp = int(time.time() * 1000)
-            numeric = [mlflow.entities.Metric(k, float(v), stamp, epoch) for k, v in metrics.items()
-                       if isinstance(v, (int, float))]  # fmt: skip
+            numeric = [
+                mlflow.entities.Metric(k, float(v), stamp, epoch)
+                for k, v in metrics.items()
+                if isinstance(v, (int, float))
+            ]
             mlflow_client.log_batch(mlflow_run_id, metrics=numeric)
             log.info("Backfilled MLflow metrics of checkpointed epoch %d", epoch)
 

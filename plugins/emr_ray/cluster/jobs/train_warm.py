@@ -65,9 +65,16 @@ class WarmTrainer:
     """``fit()`` on the warm worker group for ``spec.scaling``; rank 0 starts the MLflow run (resuming
     ``resume_run_id`` when given) and ``on_run_started(run_id)`` records it before the loop runs."""
 
-    def __init__(self, spec: TrainJobSpec, plan: dict[str, Any], options: storage.StorageOptions,
-                 job_runtime_env: dict[str, Any], *, resume_run_id: str | None = None,
-                 on_run_started: Callable[[str], None] = lambda run_id: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: TrainJobSpec,
+        plan: dict[str, Any],
+        options: storage.StorageOptions,
+        job_runtime_env: dict[str, Any],
+        *,
+        resume_run_id: str | None = None,
+        on_run_started: Callable[[str], None] = lambda run_id: None,
+    ) -> None:
         self.spec, self.plan, self.options, self.job_runtime_env = spec, plan, options, job_runtime_env
         self.resume_run_id, self.on_run_started = resume_run_id, on_run_started
         self.mlflow_run_id: str | None = None
@@ -89,24 +96,41 @@ class WarmTrainer:
         while True:
             try:
                 group = train_group.fit_shared(
-                    spec.train_loop, {**spec.config, shards.PLAN_KEY: self.plan}, spec.scaling,
-                    self.options, self.run_uri,
-                    resume_path=self._resume_path, on_report=self._on_report,
-                    idle_timeout_s=spec.worker_group_idle_timeout_s, job_runtime_env=self.job_runtime_env,
-                    before=self._begin, after=self._finish, tenant=spec.tenant,
-                )  # fmt: skip
+                    spec.train_loop,
+                    {**spec.config, shards.PLAN_KEY: self.plan},
+                    spec.scaling,
+                    self.options,
+                    self.run_uri,
+                    resume_path=self._resume_path,
+                    on_report=self._on_report,
+                    idle_timeout_s=spec.worker_group_idle_timeout_s,
+                    job_runtime_env=self.job_runtime_env,
+                    before=self._begin,
+                    after=self._finish,
+                    tenant=spec.tenant,
+                )
                 break
             except train_group.GroupFailed as e:
                 failures += 1
                 self._restarted = True
                 if spec.failure.max_failures != -1 and failures > spec.failure.max_failures:
                     raise
-                log.warning("%s; restarting from the latest checkpoint in a fresh group (failure %d of %s)",
-                            e, failures, spec.failure.max_failures)  # fmt: skip
+                log.warning(
+                    "%s; restarting from the latest checkpoint in a fresh group (failure %d of %s)",
+                    e,
+                    failures,
+                    spec.failure.max_failures,
+                )
         for line in group.pop("log"):  # the loop's own log lines, in this job's log
             print(line, flush=True)
-        _usage.borrow("actor", "SharedTrainWorkers", {"CPU": group["cpus"], "GPU": group["gpus"]},
-                      group["call_started_at"], group["call_ended_at"], idle_before=group["use"].idle_seconds)  # fmt: skip
+        _usage.borrow(
+            "actor",
+            "SharedTrainWorkers",
+            {"CPU": group["cpus"], "GPU": group["gpus"]},
+            group["call_started_at"],
+            group["call_ended_at"],
+            idle_before=group["use"].idle_seconds,
+        )
         log.info("%s", group["described"])
         self.rank0 = group["rank0"]
         done = group["after"]  # the run's checkpoints after the loop, read once (_finish)
@@ -147,13 +171,22 @@ class WarmTrainer:
         best = kept[0][0] if kept else (latest[0] if latest else None)
         finished = None
         if best is not None:
-            kwargs = {"spec": self.spec, "plan": self.plan, "options": self.options,
-                      "mlflow_run_id": self.mlflow_run_id, "checkpoint_path": best.path}  # fmt: skip
+            kwargs = {
+                "spec": self.spec,
+                "plan": self.plan,
+                "options": self.options,
+                "mlflow_run_id": self.mlflow_run_id,
+                "checkpoint_path": best.path,
+            }
             try:
                 finished = {"comparison": run_on_rank0(FINISH, kwargs, self.login), "ended": False}
                 final = self.last or (latest[1] if latest else {})
-                end = {"spec": self.spec, "mlflow_run_id": self.mlflow_run_id, "final": numeric(final),
-                       "fit_seconds": time.monotonic() - self._began}  # fmt: skip
+                end = {
+                    "spec": self.spec,
+                    "mlflow_run_id": self.mlflow_run_id,
+                    "final": numeric(final),
+                    "fit_seconds": time.monotonic() - self._began,
+                }
                 run_on_rank0(END, end, self.login)
                 finished["ended"] = True
             except train_group.Rank0Lost as e:
@@ -167,9 +200,12 @@ class WarmTrainer:
 
         if self.rank0 is None:
             return
-        ray.get(self.rank0.after_lease.options(concurrency_group="after_lease").remote(
-            USAGE, {"spec": spec, "result": result, "credentials": self.login}
-        ), timeout=USAGE_TIMEOUT_S)  # fmt: skip
+        ray.get(
+            self.rank0.after_lease.options(concurrency_group="after_lease").remote(
+                USAGE, {"spec": spec, "result": result, "credentials": self.login}
+            ),
+            timeout=USAGE_TIMEOUT_S,
+        )
 
     def _resume_path(self) -> str | None:
         latest = self.store.latest()
@@ -184,8 +220,11 @@ class WarmTrainer:
         self.last = dict(report["metrics"])
         tracking.print_epoch(self.spec.epochs, report["metrics"])
         assert self._step is not None  # set by _begin, within the lease
-        kwargs = {"tracking_uri": self.spec.mlflow.tracking_uri, "mlflow_run_id": self.mlflow_run_id,
-                  "metrics": report["metrics"]}  # fmt: skip
+        kwargs = {
+            "tracking_uri": self.spec.mlflow.tracking_uri,
+            "mlflow_run_id": self.mlflow_run_id,
+            "metrics": report["metrics"],
+        }
         self._step(EPOCH, kwargs, self.login)
         if report.get("checkpoint"):
             self.store.retain()

@@ -11,8 +11,16 @@ from typing import Any
 
 from emr_ray.cluster import storage
 
-_ALIASES = {"float64": "double", "float32": "float", "int": "int64", "long": "int64", "bigint": "int64",
-            "integer": "int32", "str": "string", "utf8": "string"}  # fmt: skip
+_ALIASES = {
+    "float64": "double",
+    "float32": "float",
+    "int": "int64",
+    "long": "int64",
+    "bigint": "int64",
+    "integer": "int32",
+    "str": "string",
+    "utf8": "string",
+}
 
 
 def _canonical(type_name: str) -> str:
@@ -49,8 +57,10 @@ def count_and_check(df, columns: list[str]) -> tuple[int, list[str]]:
     checks = [F.count(F.lit(1)).alias("__rows")]
     for c in columns:
         bad_number = F.isnan(F.col(c)) | F.col(c).isin(float("inf"), float("-inf"))
-        checks += [F.sum(F.col(c).isNull().cast("int")).alias(f"{c}__null"),
-                   F.sum(F.when(bad_number, 1).otherwise(0)).alias(f"{c}__nonfinite")]  # fmt: skip
+        checks += [
+            F.sum(F.col(c).isNull().cast("int")).alias(f"{c}__null"),
+            F.sum(F.when(bad_number, 1).otherwise(0)).alias(f"{c}__nonfinite"),
+        ]
     counts: dict[str, Any] = df.agg(*checks).first().asDict()
     problems = []
     for c in columns:

@@ -154,8 +154,12 @@ def release_idle(cpus_needed: float, *, keep: str | None = None) -> list[str]:
             continue
         break
     if released:
-        log.info("Released %d idle warm pool(s) to free %.1f CPU(s): %s", len(released), cpus_needed,
-                 ", ".join(released))  # fmt: skip
+        log.info(
+            "Released %d idle warm pool(s) to free %.1f CPU(s): %s",
+            len(released),
+            cpus_needed,
+            ", ".join(released),
+        )
     return released
 
 
@@ -241,9 +245,15 @@ def replicas(namespace: str, key: str) -> list[str]:
 
 
 def serve(
-    namespace: str, key: str, cpus: float, attempt: Callable[[str, float], T | None], *, what: str,
-    poll_s: float = 1.0, one_per_job: bool = False,
-) -> T:  # fmt: skip
+    namespace: str,
+    key: str,
+    cpus: float,
+    attempt: Callable[[str, float], T | None],
+    *,
+    what: str,
+    poll_s: float = 1.0,
+    one_per_job: bool = False,
+) -> T:
     """``attempt(name, wait_s)`` on a replica of ``key`` that takes the call: a free live one first;
     when all are busy, wait for one (``wait_s``: the replica waits at most its own start-up time);
     then a new one if the cluster has ``cpus`` free for it (idle pools of other configurations give
@@ -268,8 +278,13 @@ def serve(
                 return got
         if live and patient:
             patient = False  # once per call: then scale out where the cluster has room
-            log.info("Every %s of this configuration is busy (%d live); waiting for %s at most as long "
-                     "as another would take to start", what, len(live), live[0])  # fmt: skip
+            log.info(
+                "Every %s of this configuration is busy (%d live); waiting for %s at most as long "
+                "as another would take to start",
+                what,
+                len(live),
+                live[0],
+            )
             got = attempt(live[0], BUSY_WAIT_S)
             if got is not None:
                 return got
@@ -284,9 +299,13 @@ def serve(
                 return got
             continue
         if waited % 15 < poll_s:
-            log.info("No %s of this configuration is free and %s (%d live); waited %.0fs", what,
-                     "the cluster has no room for another" if may_start else "this job started one already",
-                     len(live), waited)  # fmt: skip
+            log.info(
+                "No %s of this configuration is free and %s (%d live); waited %.0fs",
+                what,
+                "the cluster has no room for another" if may_start else "this job started one already",
+                len(live),
+                waited,
+            )
         time.sleep(poll_s)
         waited += poll_s
 

@@ -64,8 +64,15 @@ class WarmActor:
     #: whether a lapsed lease retires the pool (its calls run elsewhere and may run on) or only frees it
     LAPSE_RETIRES: ClassVar[bool] = True
 
-    def __init__(self, name: str, idle_timeout_s: float, *, clock: Callable[[], float] = time.monotonic,
-                 watch: bool = True, max_age_s: float = MAX_AGE_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        idle_timeout_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        watch: bool = True,
+        max_age_s: float = MAX_AGE_S,
+    ) -> None:
         self.name, self.clock, self.max_age_s = name, clock, max_age_s
         self.idle_timeout_s = warm.idle_timeout(name, idle_timeout_s)
         self.lease: str | None = None
@@ -104,8 +111,12 @@ class WarmActor:
         its check says why under ``broken``: its holder retires the pool. Raises
         :class:`~emr_ray.cluster.jobs.warm.PoolRetired` when the pool is stopping."""
         with self._cond:
-            warm.wait_while(self._cond, lambda: self.lease is not None and not self.retired,
-                            min(wait_s, self.start_seconds), clock=self.clock)  # fmt: skip
+            warm.wait_while(
+                self._cond,
+                lambda: self.lease is not None and not self.retired,
+                min(wait_s, self.start_seconds),
+                clock=self.clock,
+            )
             if not self.retired and self.lease is None and self._too_old():
                 self.retired = True  # recycled: the job starts a fresh one under the same name
                 self._cond.notify_all()
@@ -117,9 +128,13 @@ class WarmActor:
             now = self.clock()
             self.lease, self.tag, self.beat = uuid.uuid4().hex, tag, now
             lease = self.lease
-            taken = {"lease": lease, "calls": self.calls, "start_seconds": self.start_seconds,
-                     "idle_seconds": round(max(now - self.last_used, 0.0), 2),
-                     "age_seconds": round(now - self.born, 2)}  # fmt: skip
+            taken = {
+                "lease": lease,
+                "calls": self.calls,
+                "start_seconds": self.start_seconds,
+                "idle_seconds": round(max(now - self.last_used, 0.0), 2),
+                "age_seconds": round(now - self.born, 2),
+            }
         if reason := self.broken():  # checked outside the lock: the lease keeps others out meanwhile
             # the holder retires it (``finish(ok=False)``): stopping here could end the actor before
             # this answer reaches the job, which would then see a dead pool, not a broken one
@@ -281,15 +296,23 @@ class Replica:
         """What the job's result says of its pool (its XCom): which one, whether it was reused and if
         not why, its start-up, age and the idle seconds before this call."""
         info = self.info
-        return PoolUse(name=self.name, calls=self.calls, reused=self.reused, why=self.why,
-                       start_seconds=info["start_seconds"], idle_seconds=info.get("idle_seconds", 0.0),
-                       age_seconds=info.get("age_seconds", 0.0))  # fmt: skip
+        return PoolUse(
+            name=self.name,
+            calls=self.calls,
+            reused=self.reused,
+            why=self.why,
+            start_seconds=info["start_seconds"],
+            idle_seconds=info.get("idle_seconds", 0.0),
+            age_seconds=info.get("age_seconds", 0.0),
+        )
 
     def describe(self, what: str) -> str:
         """The job's log line for its pool: warm, or started and why."""
         if self.reused:
-            return (f"{what} {self.name}: call {self.calls} (warm; idle {self.info.get('idle_seconds', 0.0):.0f}s "
-                    f"before it, {self.info.get('age_seconds', 0.0) / 3600:.1f} h old)")  # fmt: skip
+            return (
+                f"{what} {self.name}: call {self.calls} (warm; idle {self.info.get('idle_seconds', 0.0):.0f}s "
+                f"before it, {self.info.get('age_seconds', 0.0) / 3600:.1f} h old)"
+            )
         return f"{what} {self.name}: call {self.calls} (started in {self.info['start_seconds']:.1f}s: {self.why})"
 
     def retire(self) -> None:
@@ -333,16 +356,22 @@ def start(payload: type[WarmActor], name: str, args: tuple[Any, ...], runtime_en
             lifetime="detached",
             get_if_exists=True,
             runtime_env=runtime_env,
-        )  # fmt: skip
+        )
         .remote(name, *args)
     )
 
 
 @contextlib.contextmanager
 def lease(
-    payload: type[WarmActor], key: str, cpus: float, args: tuple[Any, ...], runtime_env: dict[str, Any], *,
-    tag: Any = None, one_per_job: bool = False,
-) -> Iterator[Replica]:  # fmt: skip
+    payload: type[WarmActor],
+    key: str,
+    cpus: float,
+    args: tuple[Any, ...],
+    runtime_env: dict[str, Any],
+    *,
+    tag: Any = None,
+    one_per_job: bool = False,
+) -> Iterator[Replica]:
     """Hold the lease of a replica of ``payload``'s pool for ``key`` while the block runs: a free live
     one, or one waited for, or a new one (started with ``args``) where the cluster has ``cpus`` free
     (:func:`emr_ray.cluster.jobs.warm.serve`). A replica found stopping, broken or dead is passed over
@@ -409,6 +438,8 @@ def why_started(what: str, live_before: list[str], others: list[str], passed_ove
     if live_before:
         return f"every {what} of this configuration was busy ({len(live_before)} live)"
     if others:
-        return (f"no {what} of this configuration was running; {len(others)} of another configuration "
-                "(other settings, runtime_env or code) did not fit")  # fmt: skip
+        return (
+            f"no {what} of this configuration was running; {len(others)} of another configuration "
+            "(other settings, runtime_env or code) did not fit"
+        )
     return f"no {what} was running (the first job of this configuration, or the last one stopped when idle)"
