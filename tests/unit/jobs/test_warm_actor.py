@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from emr_ray.cluster.jobs import warm, warm_actor
-from emr_ray.cluster.jobs.warm_actor import LEASE_TIMEOUT_S, WarmActor
+from emr_ray.cluster.jobs.warm_actor import LEASE_GRACE_S, LEASE_TIMEOUT_S, WarmActor
 
 KEY = "train-0123456789abcdef0123"
 
@@ -204,6 +204,21 @@ def test_a_lease_its_job_stopped_beating_retires_the_pool_so_an_abandoned_call_n
     pool.clock.advance(LEASE_TIMEOUT_S + 1)
     assert "stopped beating its lease 31s ago" in pool.expire()
     assert pool.retired and pool.events == ["stop", "exit"]
+
+
+@pytest.mark.parametrize(
+    ("runs", "kept_for"), [(True, LEASE_GRACE_S), (None, LEASE_GRACE_S), (False, LEASE_TIMEOUT_S)]
+)
+def test_a_silent_lease_whose_job_still_runs_is_kept_for_a_grace_a_killed_jobs_is_not(runs, kept_for):
+    """A driver paused past a few beats (a long GC, a stalled node) keeps its healthy group: the pool
+    asks the cluster whether the holder's job still runs before it retires (issue 56)."""
+    pool = Pool()
+    pool.holder_runs = lambda: runs  # the GCS job table's answer for the holder
+    pool.acquire(0.0, tag="run-a", holder="02000000")
+    pool.clock.advance(kept_for)
+    assert pool.expire() is None and not pool.retired
+    pool.clock.advance(1)
+    assert f"stopped beating its lease {kept_for + 1:.0f}s ago" in pool.expire() and pool.retired
 
 
 def test_a_call_running_in_the_pool_holds_its_lease_and_then_a_lapsed_lease_only_frees_that_pool():

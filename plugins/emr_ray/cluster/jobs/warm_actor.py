@@ -7,8 +7,9 @@ what is its own: :meth:`WarmActor.start`, its calls, :meth:`WarmActor.stop`.
   (:func:`emr_ray.cluster.jobs.warm.serve`). A lease whose payload fails its check
   (:meth:`WarmActor.broken`) is ended at once and the pool retired: the job uses another.
 - *Heartbeat*: while a job holds a lease, a thread of the job beats it (:class:`_Heartbeat`); a
-  lease without a beat for ``LEASE_TIMEOUT_S`` (its job was killed) retires the pool, so an
-  abandoned call never runs on. A call that runs in the actor itself holds the lease while it runs;
+  lease without a beat for ``LEASE_TIMEOUT_S`` whose job the cluster no longer runs (it was killed)
+  retires the pool, so an abandoned call never runs on. A job the cluster still runs (a driver
+  paused by a long GC, a stalled node) keeps its lease for up to ``LEASE_GRACE_S`` of silence. A call that runs in the actor itself holds the lease while it runs;
   a payload whose calls all run there (``LAPSE_RETIRES = False``) is sound once they end, and a
   lapsed lease only frees it.
 - *Retire*: a call that may have left the payload broken retires the pool when its lease ends
@@ -43,8 +44,10 @@ from emr_ray.cluster.results import PoolUse
 
 log = logging.getLogger("emr_ray.cluster.jobs.warm")
 
-#: a lease whose job has not beaten it for this long is abandoned (the job was killed)
+#: a lease whose job has not beaten it for this long is abandoned, unless the cluster still runs the job
 LEASE_TIMEOUT_S = 30.0
+#: the longest silence a lease survives while its job still runs (a paused driver, not a killed one)
+LEASE_GRACE_S = 300.0
 #: how often a job beats its lease
 BEAT_S = 1.0
 #: a pool older than this is recycled (see the module's docstring)
@@ -77,6 +80,7 @@ class WarmActor:
         self.idle_timeout_s = warm.idle_timeout(name, idle_timeout_s)
         self.lease: str | None = None
         self.tag: Any = None  # what the lease holder's call is on (a training's run)
+        self.holder: str | None = None  # the Ray job id of the lease holder (asked when its beats stop)
         self.calls = 0
         self.in_call = 0  # the holder's calls running in this actor: its lease does not lapse meanwhile
         self.retired = False
@@ -105,7 +109,7 @@ class WarmActor:
         return None
 
     # -- the lifecycle --------------------------------------------------------------------------------
-    def acquire(self, wait_s: float, tag: Any = None) -> dict[str, Any] | None:
+    def acquire(self, wait_s: float, tag: Any = None, holder: str | None = None) -> dict[str, Any] | None:
         """The lease (for a call on ``tag``), or None if another job still holds it after ``wait_s``,
         at most this pool's own start-up time (what another would cost). A lease whose payload failed
         its check says why under ``broken``: its holder retires the pool. Raises
@@ -126,7 +130,7 @@ class WarmActor:
             if self.lease is not None:
                 return None
             now = self.clock()
-            self.lease, self.tag, self.beat = uuid.uuid4().hex, tag, now
+            self.lease, self.tag, self.holder, self.beat = uuid.uuid4().hex, tag, holder, now
             lease = self.lease
             taken = {
                 "lease": lease,
@@ -195,13 +199,21 @@ class WarmActor:
         """Retire the pool if its lease lapsed or it was idle for its timeout; returns why (None: it
         lives on). A lapsed lease of a pool whose calls all run in it only frees it."""
         with self._cond:
+            lapsed = (
+                self.lease is not None and not self.in_call and self.clock() - self.beat > LEASE_TIMEOUT_S
+            )
+        runs = self.holder_runs() if lapsed else None  # outside the lock: it asks the GCS
+        with self._cond:
             if self.retired:
                 return None
             now = self.clock()
             if self.lease is not None:
-                if self.in_call or now - self.beat <= LEASE_TIMEOUT_S:
+                silent = now - self.beat
+                if self.in_call or silent <= LEASE_TIMEOUT_S:
                     return None
-                reason = f"its job stopped beating its lease {now - self.beat:.0f}s ago"
+                if silent <= LEASE_GRACE_S and runs is not False:
+                    return None  # a paused driver, or the cluster cannot say: not yet abandoned
+                reason = f"its job stopped beating its lease {silent:.0f}s ago"
                 if not self.LAPSE_RETIRES:
                     log.info("%s %s: %s; free again", self.WHAT, self.name, reason)
                     self._end_lease(retire=False)
@@ -219,6 +231,27 @@ class WarmActor:
         self._stop()
         return reason
 
+    def holder_runs(self) -> bool | None:
+        """Whether the cluster still runs the lease holder's job (its GCS job table); None when it
+        cannot say (the GCS not answering); False without a recorded holder (nothing to wait for)."""
+        if self.holder is None:
+            return False
+        try:
+            from ray._private.state import state
+            from ray.core.generated import gcs_pb2
+
+            table = state._connect_and_get_accessor().get_job_table(
+                skip_submission_job_info_field=True, skip_is_running_tasks_field=True
+            )
+            for raw in table:
+                entry = gcs_pb2.JobTableData.FromString(raw)  # type: ignore[attr-defined]
+                if entry.job_id.hex() == self.holder:
+                    return not entry.is_dead
+            return False
+        except Exception as e:
+            log.info("%s %s: could not ask whether job %s runs (%s)", self.WHAT, self.name, self.holder, e)
+            return None
+
     def _too_old(self) -> bool:  # with self._cond held
         return self.clock() - self.born > self.max_age_s
 
@@ -226,7 +259,7 @@ class WarmActor:
         return f" (it reached its maximum age, {self.max_age_s:.0f}s)" if self._too_old() else ""
 
     def _end_lease(self, *, retire: bool) -> None:  # with self._cond held
-        self.lease, self.tag = None, None
+        self.lease, self.tag, self.holder = None, None, None
         self.calls += 1
         self.last_used = self.clock()
         self.retired = self.retired or retire
@@ -387,7 +420,7 @@ def lease(
     def attempt(name: str, wait_s: float) -> Replica | None:
         actor = start(payload, name, args, runtime_env)
         try:
-            taken = ray.get(actor.acquire.remote(wait_s, tag))
+            taken = ray.get(actor.acquire.remote(wait_s, tag, ray.get_runtime_context().get_job_id()))
         except ray.exceptions.RayTaskError as e:
             if not isinstance(e.cause, warm.PoolRetired):
                 raise
