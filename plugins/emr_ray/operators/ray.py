@@ -269,10 +269,12 @@ class RayJobOperator(BaseOperator):
             result = self._watch(self._submission_id, pending_deadline)
             assert result is not None  # without ``until`` only the job's end returns
             return result
+        # at least one look before deferring: a job already done (an earlier try's, reattached) needs no
+        # deferral, and so cannot meet Airflow 3.3's deferral race (docs/reliability.md)
+        finished = self._watch(self._submission_id, pending_deadline, until=started + watch_for)
+        if finished is not None:
+            return finished
         if watch_for:
-            finished = self._watch(self._submission_id, pending_deadline, until=started + watch_for)
-            if finished is not None:
-                return finished
             self.log.info(
                 "Ray job %s still running after %.0f s (defer_after); deferring",
                 self._submission_id,

@@ -380,3 +380,25 @@ def test_a_training_whose_comparison_was_skipped_compares_again_in_a_new_job():
         first, trained({"model_name": "m", "alias": "champion", "skipped": "the champion cannot be loaded"})
     )
     assert train_try(api, {"champion": "1"}, 2) != first
+
+
+def test_a_deferrable_retry_of_a_finished_job_returns_its_result_without_deferring():
+    """Issue 56: a try that takes over a job already done looks once before it defers, so it never
+    defers at all (nor meets Airflow 3.3's deferral race, which retried such tries)."""
+    api = FakeJobsApi()
+    api.ship_packages = lambda runtime_env, **_: dict(runtime_env or {})  # nothing to ship here
+    op = RayJobOperator(task_id="echo", spec={"payload": "x"})
+    first = run_try(op, api, op.job_payload({}, identity(1, "echo")), 1)  # the payload execute() builds
+    api.finish(first, {"echo": "x"})
+
+    class Try:
+        dag_id, run_id, task_id, map_index, try_number = "retrain_tabular", "manual__1", "echo", -1, 2
+        xcom: dict[str, Any] = {}
+
+        def xcom_push(self, key: str, value: Any) -> None:
+            self.xcom[key] = value
+
+    retry = RayJobOperator(task_id="echo", spec={"payload": "x"}, deferrable=True)  # defer_after 0
+    retry.__dict__["hook"] = retry.__dict__["_stop_hook"] = api
+    assert retry.execute({"ti": Try()})["echo"] == "x"  # no TaskDeferred
+    assert api.submitted == [first]
