@@ -207,7 +207,7 @@ def test_a_lease_its_job_stopped_beating_retires_the_pool_so_an_abandoned_call_n
 
 
 @pytest.mark.parametrize(
-    ("runs", "kept_for"), [(True, LEASE_GRACE_S), (None, LEASE_GRACE_S), (False, LEASE_TIMEOUT_S)]
+    ("runs", "kept_for"), [(True, LEASE_GRACE_S), (None, LEASE_TIMEOUT_S), (False, LEASE_TIMEOUT_S)]
 )
 def test_a_silent_lease_whose_job_still_runs_is_kept_for_a_grace_a_killed_jobs_is_not(runs, kept_for):
     """A driver paused past a few beats (a long GC, a stalled node) keeps its healthy group: the pool

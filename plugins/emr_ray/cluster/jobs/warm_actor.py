@@ -211,8 +211,8 @@ class WarmActor:
                 silent = now - self.beat
                 if self.in_call or silent <= LEASE_TIMEOUT_S:
                     return None
-                if silent <= LEASE_GRACE_S and runs is not False:
-                    return None  # a paused driver, or the cluster cannot say: not yet abandoned
+                if silent <= LEASE_GRACE_S and runs is True:
+                    return None  # a paused driver, not a killed one: not yet abandoned
                 reason = f"its job stopped beating its lease {silent:.0f}s ago"
                 if not self.LAPSE_RETIRES:
                     log.info("%s %s: %s; free again", self.WHAT, self.name, reason)
@@ -232,8 +232,8 @@ class WarmActor:
         return reason
 
     def holder_runs(self) -> bool | None:
-        """Whether the cluster still runs the lease holder's job (its GCS job table); None when it
-        cannot say (the GCS not answering); False without a recorded holder (nothing to wait for)."""
+        """Whether the cluster still runs the lease holder's job (its GCS job table); False without a
+        recorded holder; None when the GCS cannot say (then the lease lapses as a killed job's does)."""
         if self.holder is None:
             return False
         try:
