@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from emr_ray.sizing.shapes import table as markdown_table
 from include.data.synthetic import FEATURE_COLUMNS, LABEL_COLUMN, make_partition
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,14 +189,8 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub-markdown table (also readable on a terminal)."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"]
-    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
-    return "\n".join(lines)
+#: the one markdown table of the project (the sizing table's), bench's too
+table = markdown_table
 
 
 def rate(rows: int, seconds: float | None) -> str:

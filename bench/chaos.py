@@ -6,7 +6,7 @@ own process group), scheduler, triggerer, DAG processor, API server; a two-node 
 a worker node, :func:`devstack.ray_head.add_worker_node`); the Jobs API and the COS stand-in each
 behind a fault proxy (:mod:`devstack.fault_proxy`), which the ``ray_default`` and ``cos_default``
 connections point at; the MLflow server (on PostgreSQL), which ``mlflow_default`` points at. The Ray
-pools are sized for the cluster's CPUs (:func:`devstack.airflow.ray_pool_slots`).
+pools are sized for the cluster's CPUs (:func:`emr_ray.sizing.model.ray_pool_slots`).
 
 The run: ``--partitions`` raw partitions of ``--rows`` rows for the clean backfill and as many other
 dates for the faulted one. A one-date warm-up backfill starts the warm pools, so that neither pays

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import REPO, STATE, machine, table, write_json
+from emr_ray.sizing.model import linear_fit
 
 DAG_ID = "retrain_tabular"
 RAY_TASKS = ("preprocess", "train")
@@ -108,7 +109,7 @@ MAX_ACTIVE_RUNS_OF = {"warm_rest_runs16": 16}
 #: slot, a run's training and registration go before the next runs' sensors and cluster checks
 AIRFLOW_CONFIG_OF = {"warm_rest_upstream": {"AIRFLOW__CORE__DEFAULT_TASK_WEIGHT_RULE": "upstream"}}
 #: slots of each Ray pool per warm lane, where a contender differs from the sizing rule's
-#: (``devstack.airflow.WARM_SLOTS_PER_LANE``): ``warm_queue3`` has two tasks' jobs wait at a busy
+#: (``emr_ray.sizing.model.WARM_SLOTS_PER_LANE``): ``warm_queue3`` has two tasks' jobs wait at a busy
 #: replica instead of one, so the Airflow side of the next task has two calls' time to get there
 WARM_SLOTS_PER_LANE = {"warm_queue3": 3}
 #: how long each contender's Ray tasks watch their job before deferring (the DAGs'
@@ -142,16 +143,6 @@ def use_contender(name: str, stack: Any = None) -> None:
 
 
 # -- report maths (pure) ----------------------------------------------------------------------------
-def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least-squares ``seconds = fixed + per_row * rows`` over ``(rows, seconds)``; None below 2 sizes."""
-    if len({x for x, _ in points}) < 2:
-        return None
-    mx = statistics.mean(x for x, _ in points)
-    my = statistics.mean(y for _, y in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
-    return my - slope * mx, slope
-
-
 def split_task(
     ti: dict[str, float], job: dict[str, Any], usage: dict[str, Any], epochs_s: float | None
 ) -> dict:
@@ -179,8 +170,8 @@ def pool_slots(cpus: float, conf: dict[str, Any], contender: str = "") -> int:
     rule says (a lane being a Spark job and a training side by side): two per lane on the warm pools
     when the preprocessing runs in a shared Spark session (or the contender's own count), else one
     (each job starts its own)."""
-    from devstack.airflow import WARM_SLOTS_PER_LANE as RULE
-    from devstack.airflow import ray_pool_slots
+    from emr_ray.sizing.model import WARM_SLOTS_PER_LANE as RULE
+    from emr_ray.sizing.model import ray_pool_slots
 
     per_lane = WARM_SLOTS_PER_LANE.get(contender, RULE)
     return ray_pool_slots(cpus, warm=conf.get("spark_session") == "shared", warm_slots_per_lane=per_lane)

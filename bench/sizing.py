@@ -1,14 +1,14 @@
 """Sizing a backfill (issue 35): what a year of daily partitions takes on a cluster, predicted by
-:mod:`bench.sizing_model` from measured per-task costs, and checked against real local backfills.
+:mod:`emr_ray.sizing.model` from measured per-task costs, and checked against real local backfills.
 
 **Measured inputs** (``--measure``, or ``--results PATH`` to reuse a measurement): on a warm local stack
 (``devstack.stack.LocalStack``, PostgreSQL for the live Airflow), ``bench.pipeline.measure_size`` runs
 the tabular DAG once per ``--sizes`` row count (``airflow dags test``, the real operators) and
-:func:`bench.sizing_model.costs_from_sizes` fits each task's seconds, each Ray job's wall and CPU- and
+:func:`emr_ray.sizing.model.costs_from_sizes` fits each task's seconds, each Ray job's wall and CPU- and
 GPU-seconds over the sizes. Around each run :class:`HostCpu` counts the CPU-seconds of every process of
 this loopback namespace (Airflow, Ray, Spark's JVM, MLflow, the COS stand-in). Then a short
 calibration backfill (``--calibrate-days``, ``bench.pipeline.backfill``: a live Airflow, the DAG's
-pools and ``max_active_runs``) gives what ``dags test`` cannot show (:func:`bench.sizing_model.calibrate`):
+pools and ``max_active_runs``) gives what ``dags test`` cannot show (:func:`emr_ray.sizing.model.calibrate`):
 the machine's CPU-seconds per partition when Airflow runs each task in a process of its own, and
 Airflow's gaps between a partition's tasks.
 
@@ -21,8 +21,8 @@ machine left free in the run before it; the hindsight figure, those they left du
 (on a shared machine the largest source of error). Results: ``bench/results/sizing-check.json``.
 
 **Shapes** (``--shapes``): the prediction for a 365-day backfill at 200,000 and 10,000,000 rows per
-partition on three example Tencent Cloud EMR shapes (:data:`EXAMPLE_SHAPES`), as a markdown table;
-``--shape 4x16,2x8:1`` adds your own (``COUNTxCPUS[:GPUS]`` node groups).
+partition on three example Tencent Cloud EMR shapes, as a markdown table; ``--shape 4x16,2x8:1`` adds
+your own. The same table ships in the provider: ``python -m emr_ray.sizing`` (no servers, no bench/).
 
 Run inside the loopback-only namespace (measuring starts servers; ``--shapes`` alone starts none)::
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import json
 import os
 import shutil
 import subprocess
@@ -46,28 +45,18 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import REPO, RESULTS, STATE, machine, machine_busy_cpu_s, table, write_json
-from bench.sizing_model import (
+from emr_ray.sizing.model import (
     Cluster,
     Costs,
     Nodes,
     Prediction,
     Settings,
-    assume_gpu_training,
     calibrate,
     costs_from_sizes,
     predict,
 )
+from emr_ray.sizing.shapes import EXAMPLE_SHAPES, load_costs, parse_shape, shapes_for, shapes_table  # noqa: F401
 
-#: example shapes, not recommendations: Tencent Cloud CVM instance types that EMR offers (check your
-#: region's list); every node's CPUs and GPUs are Ray's to schedule, Airflow runs elsewhere
-EXAMPLE_SHAPES = (
-    Cluster((Nodes(1, 16, memory_gb=64, kind="S5.4XLARGE64"),), name="1 x S5.4XLARGE64 (16 vCPU)"),
-    Cluster((Nodes(4, 16, memory_gb=64, kind="S5.4XLARGE64"),), name="4 x S5.4XLARGE64 (64 vCPU)"),
-    Cluster(
-        (Nodes(2, 32, memory_gb=128, kind="S5.8XLARGE128"), Nodes(2, 8, gpus=1, memory_gb=32, kind="GN7.2XLARGE32")),
-        name="2 x S5.8XLARGE128 + 2 x GN7.2XLARGE32 (80 vCPU, 2 T4; training on 1 GPU)",
-    ),
-)  # fmt: skip
 #: where --shapes looks for measured costs when no --results is given, first found
 DEFAULT_RESULTS = ("sizing-check.json", "sizing-measure.json", "pipeline-sizes.json", "pipeline.json")
 CONTENDER = "warm_defer_at_once"  # the DAGs' defaults: warm pools, deferring at once
@@ -302,61 +291,6 @@ def check_table(checks: list[dict[str, Any]]) -> str:
                "hindsight (error)", "utilisation predicted / measured", "machine CPU-s per partition predicted / measured",
                "others' busy cores during it"]  # fmt: skip
     return table(headers, rows)
-
-
-def shapes_table(costs: Costs, shapes: list[tuple[Cluster, Settings]], days: int, rows: list[int]) -> str:
-    out = []
-    for cluster, settings in shapes:
-        shaped = assume_gpu_training(costs, settings.gpus_per_lane) if settings.gpus_per_lane else costs
-        for n in rows:
-            p = predict(shaped, cluster, settings, partitions=days, rows=n)
-            out.append([cluster.describe(), f"{n:,}", f"{p.pool_slots}", p.bottleneck, _hours(p.wall_s),
-                        f"{p.partitions_per_hour:.0f}", f"{p.jobs_cpu_hours:.1f} / {p.cluster_cpu_hours:.0f}",
-                        f"{p.jobs_gpu_hours:.1f} / {p.cluster_gpu_hours:.0f}" if p.cluster_gpus else "-",
-                        f"{p.cpu_utilisation:.0%}" + (f" / {p.gpu_utilisation:.0%}" if p.cluster_gpus else "")])  # fmt: skip
-    headers = ["EMR shape (example)", "rows per partition", "Ray pool slots", "bottleneck", f"{days} days",
-               "partitions/h", "CPU-h jobs / cluster", "GPU-h jobs / cluster", "utilisation CPU / GPU"]  # fmt: skip
-    return table(headers, out)
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
-
-
-def shapes_for(specs: list[str], examples: bool) -> list[tuple[Cluster, Settings]]:
-    shapes = list(EXAMPLE_SHAPES) if examples else []
-    shapes += [parse_shape(spec) for spec in specs]
-    return [(c, Settings(gpus_per_lane=1.0 if c.gpus else 0.0)) for c in shapes]
-
-
-def parse_shape(spec: str) -> Cluster:
-    """``4x16`` (4 nodes of 16 CPUs) or ``2x32,2x8:1`` (and 2 nodes of 8 CPUs and 1 GPU each)."""
-    groups = []
-    for group in spec.split(","):
-        try:
-            count, rest = group.strip().lower().split("x", 1)
-            cpus, _, gpus = rest.partition(":")
-            groups.append(Nodes(int(count), float(cpus), float(gpus or 0)))
-        except ValueError as e:
-            if "per node" in str(e) or "nodes of" in str(e):
-                raise
-            raise ValueError(
-                f"--shape {spec!r}: write node groups as COUNTxCPUS[:GPUS], e.g. 4x16 or 2x32,2x8:1"
-            ) from e
-    return Cluster(tuple(groups))
-
-
-def load_costs(path: Path, contender: str) -> Costs:
-    """Costs from a results JSON: this script's (``costs``), or ``bench.pipeline``'s (its sizes, fitted)."""
-    data = json.loads(path.read_text())
-    if "costs" in data:
-        return Costs.from_dict(data["costs"])
-    contenders = data.get("contenders") or {}
-    name = contender if contender in contenders else next(iter(contenders), None)
-    if not name or len(contenders[name].get("sizes", [])) < 2:
-        raise ValueError(f"{path} has no costs and no contender with two sizes: measure with --measure")
-    when = data.get("machine", {}).get("when", "?")
-    return costs_from_sizes(contenders[name]["sizes"], source=f"{path.name}, {name}, measured {when}")
 
 
 def find_results(given: str | None) -> Path:

@@ -33,6 +33,7 @@ import psutil
 
 from devstack.stack import LocalStack
 from emr_ray.params import PROMOTION_POOL, SPARK_POOL, TRAIN_POOL
+from emr_ray.sizing.model import CPUS_PER_RAY_TASK, CPUS_PER_WARM_LANE, WARM_SLOTS_PER_LANE, ray_pool_slots  # noqa: F401 - the stack sizes its pools by the provider's rule
 
 USER = "admin"
 #: the pools the example DAGs' tasks take a slot of (``make airflow`` creates them)
@@ -53,41 +54,6 @@ PARALLELISM = 4
 EXECUTORS = ("LocalExecutor", "CeleryExecutor")
 #: Celery workers of the CeleryExecutor topology, as on two machines
 CELERY_WORKERS = 2
-#: CPUs one Ray job of the example DAGs needs when it starts its own Spark or worker group (the cold
-#: path): a preprocessing job's executor core plus the free CPU its COS read needs, or a training
-#: job's two 1-CPU workers (the default)
-CPUS_PER_RAY_TASK = 2
-#: CPUs of one "lane" of the example DAGs' warm pools: a Spark session's executor and a 2-worker group
-CPUS_PER_WARM_LANE = 3
-
-
-#: slots of each Ray pool per warm lane: one task's job in the lane's replica, one waiting at it
-WARM_SLOTS_PER_LANE = 2
-
-
-def ray_pool_slots(
-    num_cpus: float, num_gpus: float = 0, *, warm: bool = True, gpus_per_lane: float = 0,
-    warm_slots_per_lane: int = WARM_SLOTS_PER_LANE,
-) -> int:  # fmt: skip
-    """Slots of each Ray pool (``ray_spark`` and ``ray_train``), never 0.
-
-    A lane is one Spark job and one training running whole side by side: :data:`CPUS_PER_WARM_LANE`
-    with the warm pools (the DAGs' default), two :data:`CPUS_PER_RAY_TASK` when each job starts its
-    own Spark or worker group (``warm=False``), and ``gpus_per_lane`` GPUs for GPU training.
-
-    - Warm: two slots per lane. One task's job runs in the lane's Spark session (or worker group)
-      while the next task starts, submits and waits at that replica (``emr_ray.cluster.jobs.warm.serve``),
-      so Airflow's seconds per task (a process, the DAG's parse, the submission, the resume after
-      deferral) overlap the running job instead of adding to it; the replica runs one job at a time.
-    - Cold: one slot per lane, so every job finds its whole request free: a second cold job would
-      start its own Spark or group and hold part of the CPUs the first one needs.
-    - A cluster smaller than one lane gets one slot of each: a training's workers start as one
-      placement group, so it waits in Ray for the Spark job's CPUs and never holds part of them.
-    """
-    lanes = int(num_cpus // (CPUS_PER_WARM_LANE if warm else 2 * CPUS_PER_RAY_TASK))
-    if gpus_per_lane:
-        lanes = min(lanes, int(num_gpus // gpus_per_lane))
-    return warm_slots_per_lane * lanes if warm and lanes else max(1, lanes)
 
 
 @dataclass

@@ -11,20 +11,9 @@ import time
 import pytest
 
 from bench.pipeline import CONTENDERS
-from bench.sizing import (
-    EXAMPLE_SHAPES,
-    HostCpu,
-    calibrated,
-    check_table,
-    compared,
-    load_costs,
-    local_cluster,
-    local_settings,
-    parse_shape,
-    shapes_for,
-    shapes_table,
-)
-from bench.sizing_model import Line, Nodes, predict
+from bench.sizing import HostCpu, calibrated, check_table, compared, local_cluster, local_settings
+from emr_ray.sizing.model import Line, Nodes, predict
+from emr_ray.sizing.shapes import EXAMPLE_SHAPES, load_costs, parse_shape, shapes_for, shapes_table
 from tests.unit.test_sizing_model import COSTS, size_record
 
 
@@ -89,3 +78,18 @@ def test_a_calibrated_backfill_is_predicted_back_and_a_check_records_its_error_a
     assert record["error_pct"] == pytest.approx(100 * (before.wall_s - 400.0) / 400.0, abs=0.1)
     assert record["hindsight"]["wall_s"] < before.wall_s  # the others left 2 free cores during it, not 1.5
     assert "| 2 node(s), 6 Ray CPUs, pools 4" in check_table([record])
+
+
+def test_the_provider_prints_the_shapes_table_from_measured_costs_with_no_server(tmp_path, capsys):
+    """``python -m emr_ray.sizing``: the operators' tool ships in the package (issue 55); a missing or
+    unusable costs file is named with the fix."""
+    from emr_ray.sizing.__main__ import main
+
+    costs = tmp_path / "sizing-measure.json"
+    costs.write_text(json.dumps({"costs": COSTS.to_dict()}))
+    text = main(["--results", str(costs), "--shape", "8x32", "--days", "30", "--rows", "200000"])
+    assert "| 8 x 32 CPU " in text and text.startswith("measured costs: ")
+    assert len([line for line in text.splitlines() if line.startswith("| ")]) == 1 + len(EXAMPLE_SHAPES) + 1
+    with pytest.raises(SystemExit):
+        main(["--results", str(tmp_path / "none.json")])
+    assert "none.json" in capsys.readouterr().err

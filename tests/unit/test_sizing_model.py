@@ -1,4 +1,4 @@
-"""The backfill sizing model (``bench/sizing_model.py``): the slowest resource sets the period, a few
+"""The backfill sizing model (``emr_ray/sizing/model.py``): the slowest resource sets the period, a few
 partitions pay the pipeline's fill and drain, the pools follow the provider's rule, GPUs count only
 where there are some, calibration gives back the measured wall, and bad shapes fail with their fix."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.sizing_model import (
+from emr_ray.sizing.model import (
     Cluster,
     Costs,
     Line,
@@ -20,8 +20,8 @@ from bench.sizing_model import (
     calibrate,
     costs_from_sizes,
     predict,
+    ray_pool_slots,
 )
-from devstack.airflow import ray_pool_slots
 
 ROWS = 200_000
 #: a partition's costs in the shape the local measurements have (seconds, CPU-seconds)

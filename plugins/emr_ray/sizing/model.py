@@ -1,7 +1,7 @@
 """What a backfill of the retraining DAG will take on a cluster (issue 35): its wall time, partitions per
 hour, reserved CPU- and GPU-hours, its bottleneck and the utilisation, from measured per-task costs and
-a cluster shape. Pure: no I/O, no Ray, no Airflow. ``bench/sizing.py`` measures the costs and checks
-the predictions against real backfills.
+a cluster shape. Pure: no I/O, no Ray, no Airflow. ``python -m emr_ray.sizing`` prints its table for
+cluster shapes; ``bench/sizing.py`` measures the costs and checks the predictions against real backfills.
 
 **The rule.** A backfill is a pipeline: every partition passes through the same resources (Airflow's
 active runs and worker slots, each Ray pool's slots, each lane's warm replica, the promotion pool, the
@@ -16,7 +16,7 @@ No constant here is a guess. Each cost is ``fixed + per_1m x rows / 1e6``, fitte
 is the noise of close sizes, counted flat at the mean. Two figures that ``airflow dags test`` cannot
 show come from a short backfill through a live Airflow (:func:`calibrate`): Airflow's gaps between a
 partition's tasks, and the machine's CPU-seconds per partition when Airflow and Ray share its cores.
-The lanes and pool slots are the provider's own rule (``devstack.airflow.ray_pool_slots``).
+The lanes and pool slots are the provider's own rule, kept here (:func:`ray_pool_slots`).
 
 Not modelled: memory (the DAG's jobs reserve about 1 GiB per lane, its Spark executor, far below what
 a node offers per CPU), warm replicas started during the backfill (a busy replica's next job waits for
@@ -26,11 +26,51 @@ it rather than start another, unless the wait would outlast the start), retries 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from emr_ray.params import MAX_ACTIVE_RUNS
+
+#: CPUs one Ray job of the example DAGs needs when it starts its own Spark or worker group (the cold
+#: path): a preprocessing job's executor core plus the free CPU its COS read needs, or a training
+#: job's two 1-CPU workers (the default)
+CPUS_PER_RAY_TASK = 2
+#: CPUs of one "lane" of the example DAGs' warm pools: a Spark session's executor and a 2-worker group
+CPUS_PER_WARM_LANE = 3
+#: slots of each Ray pool per warm lane: one task's job in the lane's replica, one waiting at it
+WARM_SLOTS_PER_LANE = 2
+
+
+def ray_pool_slots(
+    num_cpus: float,
+    num_gpus: float = 0,
+    *,
+    warm: bool = True,
+    gpus_per_lane: float = 0,
+    warm_slots_per_lane: int = WARM_SLOTS_PER_LANE,
+) -> int:
+    """Slots of each Ray pool (``ray_spark`` and ``ray_train``), never 0.
+
+    A lane is one Spark job and one training running whole side by side: :data:`CPUS_PER_WARM_LANE`
+    with the warm pools (the DAGs' default), two :data:`CPUS_PER_RAY_TASK` when each job starts its
+    own Spark or worker group (``warm=False``), and ``gpus_per_lane`` GPUs for GPU training.
+
+    - Warm: two slots per lane. One task's job runs in the lane's Spark session (or worker group)
+      while the next task starts, submits and waits at that replica (``emr_ray.cluster.jobs.warm.serve``),
+      so Airflow's seconds per task (a process, the DAG's parse, the submission, the resume after
+      deferral) overlap the running job instead of adding to it; the replica runs one job at a time.
+    - Cold: one slot per lane, so every job finds its whole request free: a second cold job would
+      start its own Spark or group and hold part of the CPUs the first one needs.
+    - A cluster smaller than one lane gets one slot of each: a training's workers start as one
+      placement group, so it waits in Ray for the Spark job's CPUs and never holds part of them.
+    """
+    lanes = int(num_cpus // (CPUS_PER_WARM_LANE if warm else 2 * CPUS_PER_RAY_TASK))
+    if gpus_per_lane:
+        lanes = min(lanes, int(num_gpus // gpus_per_lane))
+    return warm_slots_per_lane * lanes if warm and lanes else max(1, lanes)
+
 
 #: the DAG's Ray tasks, each in its own pool and lane; the other tasks run in Airflow alone
 RAY_TASKS = ("preprocess", "train")
@@ -131,7 +171,7 @@ class Nodes:
             raise ValueError(
                 f"cpus={self.cpus} per node of {self.kind or 'a kind'}: a Ray node needs at least one CPU; "
                 "give the CPUs Ray schedules on each node (its --num-cpus, the instance's vCPUs by default)."
-            )  # fmt: skip
+            )
         if self.gpus < 0:
             raise ValueError(f"gpus={self.gpus} per node of {self.kind or 'a kind'}: give 0 or more.")
 
@@ -154,7 +194,7 @@ class Cluster:
             raise ValueError(
                 f"host_cores={self.host_cores}: give the cores Airflow and Ray share (more than 0), "
                 "or None when Airflow runs on machines of its own."
-            )  # fmt: skip
+            )
 
     @property
     def cpus(self) -> float:
@@ -180,7 +220,7 @@ class Settings:
     :param warm: the warm pools (the DAGs' default): two pool slots per lane, one job at a time in each
         lane's replica; False: every job starts its own Spark or worker group, one slot per lane.
     :param gpus_per_lane: GPUs one training takes (0: it trains on CPUs).
-    :param pool_slots: slots of each Ray pool; None: ``devstack.airflow.ray_pool_slots`` of the cluster.
+    :param pool_slots: slots of each Ray pool; None: :func:`ray_pool_slots` of the cluster.
     :param promotion_slots: slots of the promotion pool (one: promotions never interleave).
     """
 
@@ -203,11 +243,9 @@ class Settings:
             )
 
     def slots(self, cluster: Cluster) -> int:
-        """Slots of each Ray pool: the provider's rule, one copy (``devstack.airflow.ray_pool_slots``)."""
+        """Slots of each Ray pool: the provider's rule, one copy (:func:`ray_pool_slots`)."""
         if self.pool_slots is not None:
             return self.pool_slots
-        from devstack.airflow import ray_pool_slots
-
         return ray_pool_slots(cluster.cpus, cluster.gpus, warm=self.warm, gpus_per_lane=self.gpus_per_lane)
 
     def replicas(self, cluster: Cluster) -> int:
@@ -265,10 +303,13 @@ class Prediction:
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
-        out |= {"partitions_per_hour": round(self.partitions_per_hour, 2),
-                "steady_partitions_per_hour": round(self.steady_partitions_per_hour, 2),
-                "cpu_utilisation": round(self.cpu_utilisation, 3),
-                "gpu_utilisation": round(self.gpu_utilisation, 3), "busy": self.busy}  # fmt: skip
+        out |= {
+            "partitions_per_hour": round(self.partitions_per_hour, 2),
+            "steady_partitions_per_hour": round(self.steady_partitions_per_hour, 2),
+            "cpu_utilisation": round(self.cpu_utilisation, 3),
+            "gpu_utilisation": round(self.gpu_utilisation, 3),
+            "busy": self.busy,
+        }
         return out
 
     def explain(self) -> str:
@@ -284,8 +325,10 @@ class Prediction:
             f"- Ray pools {self.pool_slots} slot(s) each, {self.replicas} replica(s) per kind; reserved by the "
             f"jobs {self.jobs_cpu_hours:.2f} CPU-h, {self.jobs_gpu_hours:.2f} GPU-h of the cluster's "
             f"{self.cluster_cpu_hours:.2f} CPU-h, {self.cluster_gpu_hours:.2f} GPU-h "
-            f"(utilisation {self.cpu_utilisation:.0%} CPU" + (f", {self.gpu_utilisation:.0%} GPU" if self.cluster_gpus else "") + ")",
-        ]  # fmt: skip
+            f"(utilisation {self.cpu_utilisation:.0%} CPU"
+            + (f", {self.gpu_utilisation:.0%} GPU" if self.cluster_gpus else "")
+            + ")",
+        ]
         lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -312,7 +355,7 @@ def periods(costs: Costs, cluster: Cluster, settings: Settings, rows: float) -> 
         raise ValueError(
             f"the measured jobs reserve {gpu_s:.1f} GPU-seconds per partition but {cluster.describe()} has no "
             "GPUs: give the GPU nodes (Nodes(..., gpus=1)) or costs measured with CPU training."
-        )  # fmt: skip
+        )
     if cluster.gpus:
         out["cluster GPUs"] = gpu_s / cluster.gpus
     if cluster.host_cores and costs.host_cpu_s is not None:
@@ -408,11 +451,19 @@ def assume_gpu_training(costs: Costs, gpus_per_training: float) -> Costs:
 
 
 # -- measured inputs (pure) ------------------------------------------------------------------------
-def _fit(points: list[tuple[float, float]]) -> Line:
-    """``bench.pipeline.linear_fit`` over ``(rows, value)``; where it falls with rows, the flat line that
-    fits best (the mean): the noise of close sizes, not a cost that shrinks."""
-    from bench.pipeline import linear_fit
+def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``seconds = fixed + per_row * rows`` over ``(rows, seconds)``; None below 2 sizes."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    mx = statistics.mean(x for x, _ in points)
+    my = statistics.mean(y for _, y in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
 
+
+def _fit(points: list[tuple[float, float]]) -> Line:
+    """:func:`linear_fit` over ``(rows, value)``; where it falls with rows, the flat line that
+    fits best (the mean): the noise of close sizes, not a cost that shrinks."""
     line = linear_fit(points)
     if line is None:
         return ZERO
@@ -425,7 +476,7 @@ def _fit(points: list[tuple[float, float]]) -> Line:
 def costs_from_sizes(sizes: list[dict[str, Any]], source: str = "") -> Costs:
     """Costs fitted over ``bench.pipeline.measure_size`` records of two or more partition sizes.
 
-    Each figure the model uses is fitted as such with ``bench.pipeline.linear_fit`` (not summed from
+    Each figure the model uses is fitted as such with :func:`linear_fit` (not summed from
     fitted parts, whose noise over close sizes adds up) and counted flat when it falls with rows (:func:`_fit`): a Ray
     job's wall, CPU- and GPU-seconds (its ``usage``), what its task adds on Airflow's side (submission,
     polls, job exit), every other task's seconds, the gaps (the tasks' span less their sum), and
@@ -447,18 +498,24 @@ def costs_from_sizes(sizes: list[dict[str, Any]], source: str = "") -> Costs:
             raise ValueError(
                 f"a size's {task_id} task has no Ray job result (its job was not found): measure again, "
                 "with the stack's Ray head up for the whole measurement."
-            )  # fmt: skip
-        job = fit(lambda s, t=task_id: s["tasks"][t]["usage"]["wall_seconds"])
-        side = fit(lambda s, t=task_id: s["tasks"][t]["total"] - s["tasks"][t]["usage"]["wall_seconds"])
-        cpu_s = fit(lambda s, t=task_id: s["tasks"][t]["usage"].get("cpu_seconds_reserved"))
-        gpu_s = fit(lambda s, t=task_id: s["tasks"][t]["usage"].get("gpu_seconds_reserved"))
+            )
+        job = fit(lambda s, t=task_id: s["tasks"][t]["usage"]["wall_seconds"])  # type: ignore[misc]
+        side = fit(lambda s, t=task_id: s["tasks"][t]["total"] - s["tasks"][t]["usage"]["wall_seconds"])  # type: ignore[misc]
+        cpu_s = fit(lambda s, t=task_id: s["tasks"][t]["usage"].get("cpu_seconds_reserved"))  # type: ignore[misc]
+        gpu_s = fit(lambda s, t=task_id: s["tasks"][t]["usage"].get("gpu_seconds_reserved"))  # type: ignore[misc]
         ray[task_id] = RayTaskCost(task=job + side, job=job, cpu_s=cpu_s, gpu_s=gpu_s)
     others = [t for t in sizes[0]["tasks"] if t not in RAY_TASKS]
-    airflow = {t: fit(lambda s, t=t: s["tasks"].get(t, {}).get("total")) for t in others}
+    airflow = {t: fit(lambda s, t=t: s["tasks"].get(t, {}).get("total")) for t in others}  # type: ignore[misc]
     gaps = fit(lambda s: s["tasks_span_s"] - sum(task["total"] for task in s["tasks"].values()))
     host = fit(lambda s: s["host"]["cpu_s"]) if all("host" in s for s in sizes) else None
-    return Costs(preprocess=ray["preprocess"], train=ray["train"], airflow_tasks=airflow,
-                 gaps=Line(max(gaps.fixed, 0.0), gaps.per_1m), host_cpu_s=host, source=source)  # fmt: skip
+    return Costs(
+        preprocess=ray["preprocess"],
+        train=ray["train"],
+        airflow_tasks=airflow,
+        gaps=Line(max(gaps.fixed, 0.0), gaps.per_1m),
+        host_cpu_s=host,
+        source=source,
+    )
 
 
 def _duration(seconds: float) -> str:
