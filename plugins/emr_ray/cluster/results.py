@@ -15,12 +15,11 @@ wrote still reads.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from emr_ray.cluster.spec import SpecError, SpecPart, _part_type
+from emr_ray.cluster.spec import SpecError, SpecPart, _part_type, field_types
 
 R = TypeVar("R", bound="ResultPart")
 
@@ -53,7 +52,7 @@ class ResultPart(SpecPart):
         requires, or holds a value its checks refuse. Keys it does not know are ignored."""
         if not isinstance(data, Mapping) or not _required(cls) <= set(data):
             return None
-        hints = typing.get_type_hints(cls)
+        hints = field_types(cls)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             if f.name not in data:

@@ -68,7 +68,7 @@ class SpecPart:
                 f"{cls.__name__} has no field(s) {unknown}; known: {sorted(names)}. "
                 "The Airflow side and the cluster side run different versions of emr_ray: align them."
             )
-        hints = typing.get_type_hints(cls)
+        hints = field_types(cls)
         values = {}
         for key, value in data.items():
             hint = _part_type(hints[key])
@@ -83,6 +83,17 @@ def _unpickle_part(cls: type[S], state: dict[str, Any], carried: secrets.CopyNam
     part = object.__new__(cls)
     part.__dict__.update(state)
     return part
+
+
+_FIELD_TYPES: dict[type, dict[str, Any]] = {}
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """A part's resolved field annotations, once per class: resolving them is the costly step of
+    reading a part, and the Retraining view reads many stored results per page."""
+    if cls not in _FIELD_TYPES:
+        _FIELD_TYPES[cls] = typing.get_type_hints(cls)
+    return _FIELD_TYPES[cls]
 
 
 def _part_type(hint: Any) -> type[SpecPart] | None:
