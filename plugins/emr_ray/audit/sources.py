@@ -20,7 +20,7 @@ from typing import Any
 
 from emr_ray.audit.rules import PartitionState, VersionState
 
-#: the warm pools' Ray namespaces (``emr_ray.cluster.jobs.warm.POOLS``)
+#: the warm pools' Ray namespaces (``emr_ray.cluster.warm.keys.POOLS``)
 WARM_NAMESPACES = ("emr_ray_spark_sessions", "emr_ray_train_groups")
 #: bytes read from each log file (the end of a longer one)
 LOG_BYTES = 4 << 20

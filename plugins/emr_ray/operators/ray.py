@@ -204,7 +204,7 @@ class RayJobOperator(BaseOperator):
         """Whose warm pools this job may use: a digest of what the connections it reaches the cluster,
         reads, writes and logs with point at (each one's host, port, schema, login and non-secret extras;
         never a password). Warm pools are single-tenant: a job never runs in the processes of a pool
-        that served another account's jobs (:mod:`emr_ray.cluster.jobs.warm`), even when two
+        that served another account's jobs (:mod:`emr_ray.cluster.warm.keys`), even when two
         deployments use the same connection ids."""
         return tenant_of(
             {

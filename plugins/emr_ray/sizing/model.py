@@ -58,7 +58,7 @@ def ray_pool_slots(
     own Spark or worker group (``warm=False``), and ``gpus_per_lane`` GPUs for GPU training.
 
     - Warm: two slots per lane. One task's job runs in the lane's Spark session (or worker group)
-      while the next task starts, submits and waits at that replica (``emr_ray.cluster.jobs.warm.serve``),
+      while the next task starts, submits and waits at that replica (``emr_ray.cluster.warm.lease.serve``),
       so Airflow's seconds per task (a process, the DAG's parse, the submission, the resume after
       deferral) overlap the running job instead of adding to it; the replica runs one job at a time.
     - Cold: one slot per lane, so every job finds its whole request free: a second cold job would

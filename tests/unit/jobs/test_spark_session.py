@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from emr_ray.cluster.jobs.spark_session import NAME_PREFIX, session_key, session_runtime_env
-from emr_ray.cluster.jobs.warm import code_identity
+from emr_ray.cluster.jobs.spark_session import NAME_PREFIX, session_key
 from emr_ray.cluster.spec import SparkSettings
+from emr_ray.cluster.warm.keys import code_identity
+from emr_ray.cluster.warm.keys import pool_runtime_env as session_runtime_env
 
 SETTINGS = {
     "num_executors": 1,

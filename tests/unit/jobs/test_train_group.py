@@ -25,7 +25,7 @@ JOB_ENV = {
 
 
 def test_trainings_with_the_same_scaling_and_code_share_a_group_whatever_their_secrets():
-    from emr_ray.cluster.jobs.warm import pool_runtime_env
+    from emr_ray.cluster.warm.keys import pool_runtime_env
 
     other_secret = {**JOB_ENV, "env_vars": {**JOB_ENV["env_vars"], "EMR_RAY_SECRETS_REF": "gcs://y.zip"}}
     one, two = (
@@ -166,7 +166,7 @@ def build(config, state):
 
 
 def seen_credentials(name: str) -> dict[str, str | None]:
-    """What ``after_fit``'s function sees (called by import path in the specs below)."""
+    """What ``after_fit``'s function sees."""
     import logging
 
     logging.getLogger("emr_ray.cluster.jobs.train").info("logged the model of %s", name)
@@ -188,18 +188,18 @@ def test_rank_0s_last_step_sees_the_jobs_credentials_only_during_its_call(monkey
     worker.call = "call-1"
     login = {"MLFLOW_TRACKING_USERNAME": "trainer", "MLFLOW_TRACKING_PASSWORD": "s3cret"}
 
-    done = worker.after_fit("call-1", f"{__name__}:seen_credentials", {"name": "run-1"}, login)
+    done = worker.after_fit("call-1", seen_credentials, {"name": "run-1"}, login)
 
-    assert done["value"] == login
-    assert any(line.endswith("logged the model of run-1") for line in done["log"])
+    assert done.value == login
+    assert any(line.endswith("logged the model of run-1") for line in done.log)
     assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
     with pytest.raises(RuntimeError, match="MLflow refused run-1"):
-        worker.after_fit("call-1", f"{__name__}:failing_step", {"name": "run-1"}, login)
+        worker.after_fit("call-1", failing_step, {"name": "run-1"}, login)
     assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
     with pytest.raises(RuntimeError, match="last ran call call-1"):  # never another job's call
-        worker.after_fit("call-2", f"{__name__}:seen_credentials", {"name": "run-2"}, login)
+        worker.after_fit("call-2", seen_credentials, {"name": "run-2"}, login)
     # the run's other steps (its start, each epoch), beside the loop: the same login, for the call only
-    assert worker.mlflow_step(f"{__name__}:seen_credentials", {"name": "run-1"}, login) == login
+    assert worker.mlflow_step(seen_credentials, {"name": "run-1"}, login) == login
     assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
 
 
@@ -221,8 +221,9 @@ def test_rank_0_logs_the_best_kept_checkpoint_ends_the_run_and_if_it_dies_the_dr
     checkpoint and ends the run from the driver."""
     from pyarrow import fs as pafs
 
+    from emr_ray.cluster.jobs import train_finish, train_mlflow
     from emr_ray.cluster.jobs.train_group import Rank0Lost
-    from emr_ray.cluster.jobs.train_warm import END, FINISH, WarmTrainer
+    from emr_ray.cluster.jobs.train_warm import WarmTrainer
     from emr_ray.cluster.storage import StorageOptions
 
     for epoch, loss in enumerate([0.5, 0.3, 0.4]):
@@ -232,24 +233,25 @@ def test_rank_0_logs_the_best_kept_checkpoint_ends_the_run_and_if_it_dies_the_dr
     trainer.last = {"epoch": 2, "test_loss": 0.4, "note": "not a number"}
     asked: list = []
 
-    def rank0_logs(fn, kwargs, env):
-        asked.append((fn, kwargs))
-        return {"champion": None} if fn == FINISH else None
+    class Rank0Logs:
+        def after_fit(self, fn, kwargs, env):
+            asked.append((fn, kwargs))
+            return {"champion": None} if fn is train_finish.log_and_compare_stored else None
 
-    def rank0_dies(fn, kwargs, env):
-        raise Rank0Lost("Warm worker group g: rank 0 died after the loop")
+    class Rank0Dies:
+        def after_fit(self, fn, kwargs, env):
+            raise Rank0Lost("Warm worker group g: rank 0 died after the loop")
 
-    logged = trainer._finish(rank0_logs)
-    assert [fn for fn, _ in asked] == [FINISH, END]
-    assert (
-        asked[0][1]["checkpoint_path"] == logged["kept"][0][0].path
-        and int(logged["kept"][0][1]["epoch"]) == 1
-    )
+    logged = trainer.after_loop(Rank0Logs())  # type: ignore[arg-type]
+    assert [fn for fn, _ in asked] == [train_finish.log_and_compare_stored, train_mlflow.end_run]
+    assert asked[0][1]["checkpoint_path"] == logged.best_checkpoints[0][0].path
+    assert int(logged.best_checkpoints[0][1]["epoch"]) == 1
     assert asked[1][1]["mlflow_run_id"] == "run-1" and asked[1][1]["final"] == {"epoch": 2, "test_loss": 0.4}
-    assert logged["finished"] == {"comparison": {"champion": None}, "ended": True}
-    died = trainer._finish(rank0_dies)
-    assert died["finished"] is None  # fit_and_log: the driver logs, compares and ends the run
-    assert int(died["kept"][0][1]["epoch"]) == 1 and int(died["latest"][1]["epoch"]) == 2
+    assert logged.finished == {"comparison": {"champion": None}, "ended": True}
+    died = trainer.after_loop(Rank0Dies())  # type: ignore[arg-type]
+    assert died.finished is None  # fit_and_log: the driver logs, compares and ends the run
+    assert int(died.best_checkpoints[0][1]["epoch"]) == 1 and died.checkpoint is not None
+    assert died.metrics == trainer.last
 
 
 def test_a_warm_trainings_driver_imports_no_mlflow(tmp_path, plan):
@@ -280,6 +282,7 @@ from emr_ray.cluster.jobs import train, train_group, train_warm
 from emr_ray.cluster.results import PoolUse
 from emr_ray.cluster.spec import CheckpointSpec, TrainJobSpec
 from emr_ray.cluster.storage import StorageOptions
+from emr_ray.cluster.warm.lease import PoolCall
 from tests.unit.jobs.test_train_group import warm_spec, write_checkpoint
 import pathlib
 
@@ -288,18 +291,25 @@ plan = json.loads((tmp / "plan.json").read_text())
 spec = warm_spec(tmp)
 steps, recorded = [], []
 
-def rank0(fn, kwargs, env):
-    steps.append(fn.rsplit(":", 1)[1])
-    return "run-7" if fn == train_warm.BEGIN else {"champion": None} if fn == train_warm.FINISH else None
+class Rank0Call:  # the group call as the callback sees it: rank 0's steps, recorded
+    rank0 = None
 
-def fit_shared(*args, before, on_report, after, resume_path, **kwargs):
-    before(rank0)
+    def step(self, fn, kwargs, env):
+        steps.append(fn.__name__)
+        return "run-7" if fn.__name__ == "begin_run" else None
+
+    def after_fit(self, fn, kwargs, env):
+        steps.append(fn.__name__)
+        return {"champion": None} if fn.__name__ == "log_and_compare_stored" else None
+
+def fit_shared(train_loop, config, scaling, options, run_uri, callback, **kwargs):
+    callback.before_loop(Rank0Call())
     for epoch in range(2):
         write_checkpoint(pafs.LocalFileSystem(), f"{tmp}/ckpt/r", tmp, epoch, 0.5 - epoch / 10)
-        on_report({"metrics": {"epoch": epoch, "test_loss": 0.5 - epoch / 10}, "checkpoint": "stored"})
+        callback.on_report({"metrics": {"epoch": epoch, "test_loss": 0.5 - epoch / 10}, "checkpoint": "stored"})
     use = PoolUse(name="g", calls=2, reused=True, why=None, start_seconds=1.0, idle_seconds=3.0, age_seconds=60.0)
-    return {"use": use, "described": "Warm worker group g: call 2 (warm)", "cpus": 2.0, "gpus": 0.0,
-            "call_started_at": 0.0, "call_ended_at": 1.0, "log": [], "after": after(rank0), "rank0": None}
+    return PoolCall(value=callback.after_loop(Rank0Call()), use=use, described="Warm worker group g: call 2 (warm)",
+                    resources={"CPU": 2.0, "GPU": 0.0}, started_at=0.0, ended_at=1.0)
 
 train_group.fit_shared = fit_shared
 trainer = train_warm.WarmTrainer(spec, plan, StorageOptions(), {}, on_run_started=recorded.append)
@@ -332,7 +342,9 @@ def test_a_call_whose_rank_0_dies_retires_the_group_and_the_jobs_own_step_errors
     from ray.exceptions import ActorDiedError
 
     from emr_ray.cluster.jobs.train_group import GroupCall, GroupFailed, Rank0Lost
-    from emr_ray.cluster.jobs.warm_actor import Replica
+    from emr_ray.cluster.warm.actor import Grant, PoolFigures
+    from emr_ray.cluster.warm.call_log import Ran
+    from emr_ray.cluster.warm.lease import Replica
 
     def get(value, **_):
         if isinstance(value, BaseException):
@@ -342,21 +354,22 @@ def test_a_call_whose_rank_0_dies_retires_the_group_and_the_jobs_own_step_errors
     monkeypatch.setattr(ray, "get", get)
 
     def call(outcome) -> GroupCall:
-        return GroupCall(Replica("train-x-0", None, {"lease": "l", "workers": [Rank0(outcome)], "calls": 0}))
+        grant = Grant(lease="l", calls=0, start_seconds=1.0, figures=PoolFigures(workers=(Rank0(outcome),)))
+        return GroupCall(Replica("train-x-0", None, grant))
 
     refused = call(PermissionError("MLflow refused the login"))
     with pytest.raises(PermissionError, match="MLflow refused"):
-        refused.step("m:begin_run", {}, {})
+        refused.step(print, {}, {})
     assert refused.group.sound
-    done = call({"value": 7, "log": ["logged"]})
-    assert done.after_fit("m:log", {}, {}) == 7 and done.log == ["logged"] and done.group.sound
+    done = call(Ran(7, ["logged"]))
+    assert done.after_fit(print, {}, {}) == 7 and done.log == ["logged"] and done.group.sound
     beside, after = call(ActorDiedError()), call(ActorDiedError())
     with pytest.raises(GroupFailed, match="train-x-0: rank 0 died"):
-        beside.step("m:log_epoch_metrics", {}, {})
+        beside.step(print, {}, {})
     with pytest.raises(Rank0Lost, match="rank 0 died after the loop"):
-        after.after_fit("m:log", {}, {})
+        after.after_fit(print, {}, {})
     assert not beside.group.sound and not after.group.sound
     hung = call(ray.exceptions.GetTimeoutError())  # an MLflow that never answers: bounded, then retired
     with pytest.raises(GroupFailed, match="rank 0 did not answer in 600s"):
-        hung.step("m:log_epoch_metrics", {}, {})
+        hung.step(print, {}, {})
     assert not hung.group.sound

@@ -1,4 +1,4 @@
-"""How a job picks a warm pool (``emr_ray.cluster.jobs.warm.serve``): a free replica first; when all are busy,
+"""How a job picks a warm pool (``emr_ray.cluster.warm.lease.serve``): a free replica first; when all are busy,
 a wait for one (as long as another would take to start), then another replica if the cluster has
 room, else wait. The cluster's side (which replicas are alive,
 whether CPUs are free) is a small stand-in here, as this is the choosing logic alone; the real pools
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from emr_ray.cluster.jobs import warm
+from emr_ray.cluster.warm import lease as warm
+from emr_ray.cluster.warm import registry
+from emr_ray.cluster.warm.actor import wait_while
+from emr_ray.cluster.warm.policy import DEFAULT, PoolPolicy
 
 KEY = "train-0123456789abcdef0123"
 
@@ -38,7 +41,7 @@ class Cluster:
 def cluster(monkeypatch):
     def make(busy: dict[str, bool], room: bool, frees_while_waited: tuple[str, ...] = ()) -> Cluster:
         c = Cluster(busy, room, frees_while_waited)
-        monkeypatch.setattr(warm, "replicas", lambda namespace, key: sorted(c.busy))
+        monkeypatch.setattr(registry, "replicas", lambda namespace, key: sorted(c.busy))
         monkeypatch.setattr(warm, "_room_for", lambda cpus, key, evict: c.room)
         return c
 
@@ -46,8 +49,22 @@ def cluster(monkeypatch):
 
 
 def test_extra_replicas_give_the_cluster_back_within_a_minute():
-    assert warm.idle_timeout(f"{KEY}-0", 600) == 600
-    assert warm.idle_timeout(f"{KEY}-1", 600) == 60 and warm.idle_timeout(f"{KEY}-3", 30) == 30
+    policy = DEFAULT.idle_after(600)
+    assert policy.idle_timeout(f"{KEY}-0") == 600 and policy.idle_timeout(f"{KEY}-1") == 60
+    assert DEFAULT.idle_after(30).idle_timeout(f"{KEY}-3") == 30
+
+
+@pytest.mark.parametrize(
+    "numbers, refused",
+    [
+        ({"idle_timeout_s": 0}, "idle_timeout_s=0: use a positive number"),
+        ({"beat_s": 30.0}, "beat_s=30.0 must be shorter than lease_timeout_s=30.0"),
+        ({"lease_grace_s": 10.0}, "lease_grace_s=10.0 must be at least lease_timeout_s=30.0"),
+    ],
+)
+def test_a_pool_policy_refuses_numbers_that_break_the_lifecycle(numbers, refused):
+    with pytest.raises(ValueError, match=refused):
+        PoolPolicy(**numbers)
 
 
 def test_a_free_replica_serves_the_call(cluster):
@@ -61,7 +78,7 @@ def test_the_first_call_waits_a_while_for_room_then_starts_replica_0_anyway(clus
     slept: list[float] = []
     monkeypatch.setattr(warm.time, "sleep", slept.append)
     assert warm.serve("ns", KEY, 2, c.attempt, what="group", poll_s=10) == f"{KEY}-0"
-    assert sum(slept) == warm.ROOM_WAIT_S
+    assert sum(slept) == DEFAULT.room_wait_s
 
 
 def test_the_first_call_starts_replica_0_at_once_when_there_is_room(cluster):
@@ -137,13 +154,13 @@ def test_a_waiting_call_starts_as_soon_as_the_call_before_it_ends_and_gives_up_a
     threading.Thread(target=finish_after, args=(0.2,), daemon=True).start()
     started = time.monotonic()
     with cond:
-        warm.wait_while(cond, lambda: state["busy"], 30.0)
+        wait_while(cond, lambda: state["busy"], 30.0)
     assert not state["busy"] and time.monotonic() - started < 5
 
     state["busy"] = True
     started = time.monotonic()
     with cond:
-        warm.wait_while(cond, lambda: state["busy"], 0.3)
+        wait_while(cond, lambda: state["busy"], 0.3)
     assert state["busy"] and 0.3 <= time.monotonic() - started < 5
 
 
@@ -170,7 +187,7 @@ def test_a_pool_calls_log_lines_go_to_the_job_once_and_travel_with_its_failure(c
 
     import pytest
 
-    from emr_ray.cluster.jobs.warm import CallLog
+    from emr_ray.cluster.warm.call_log import CallLog
 
     with caplog.at_level(logging.INFO), CallLog.capture() as lines:
         logging.getLogger("emr_ray.cluster.jobs.compare").info("tabular-mlp@champion does not exist yet")

@@ -1,4 +1,4 @@
-"""The one lifecycle of every warm pool (``emr_ray.cluster.jobs.warm_actor``): lease, heartbeat, idle
+"""The one lifecycle of every warm pool (``emr_ray.cluster.warm``: the pool's side, then the job's): lease, heartbeat, idle
 timeout, retire, give way and stop, on a payload that only records its start and stop, with a fake
 clock (no sleeps, no threads, no cluster). The real pools on a real cluster:
 ``tests/integration/test_spark_session.py``, ``test_train_group.py`` and ``test_train_resume.py``.
@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from emr_ray.cluster.jobs import warm, warm_actor
-from emr_ray.cluster.jobs.warm_actor import LEASE_GRACE_S, LEASE_TIMEOUT_S, WarmActor
+from emr_ray.cluster.warm import lease as job_side
+from emr_ray.cluster.warm import registry
+from emr_ray.cluster.warm.actor import PoolFigures, PoolRetired, WarmActor
+from emr_ray.cluster.warm.policy import DEFAULT, PoolPolicy
+
+LEASE_TIMEOUT_S, LEASE_GRACE_S = DEFAULT.lease_timeout_s, DEFAULT.lease_grace_s
 
 KEY = "train-0123456789abcdef0123"
 
@@ -56,7 +60,7 @@ class Pool(WarmActor):
 
     def __init__(self, name: str = f"{KEY}-0", idle_timeout_s: float = 600, start_s: float = 5.0) -> None:
         self.start_s, self.events, self.fault = start_s, [], None
-        super().__init__(name, idle_timeout_s, clock=Clock(), watch=False)
+        super().__init__(name, policy=DEFAULT.idle_after(idle_timeout_s), clock=Clock(), watch=False)
         self._cond = Condition(self.clock)
 
     def start(self) -> None:
@@ -65,8 +69,8 @@ class Pool(WarmActor):
     def stop(self) -> None:
         self.events.append("stop")
 
-    def figures(self) -> dict:
-        return {"cpus": 2.0}
+    def figures(self) -> PoolFigures:
+        return PoolFigures(cpus=2.0)
 
     def broken(self) -> str | None:
         return self.fault
@@ -87,12 +91,10 @@ class InPool(Pool):
 def test_a_lease_reports_the_pools_figures_and_a_busy_pool_is_waited_for_at_most_its_start_up_time():
     pool = Pool(start_s=5.0)
     taken = pool.acquire(0.0, tag="run-a")
-    assert (
-        taken is not None and taken["calls"] == 0 and taken["start_seconds"] == 5.0 and taken["cpus"] == 2.0
-    )
+    assert taken is not None and taken.calls == 0 and taken.start_seconds == 5.0 and taken.figures.cpus == 2.0
     assert pool.serving() == "run-a"
     before = pool.clock()
-    assert pool.acquire(warm.BUSY_WAIT_S, tag="run-b") is None  # another would take 5 s to start
+    assert pool.acquire(DEFAULT.busy_wait_s, tag="run-b") is None  # another would take 5 s to start
     assert pool.clock() - before == pytest.approx(5.0)
     before = pool.clock()
     assert pool.acquire(2.0) is None and pool.clock() - before == pytest.approx(2.0)
@@ -101,26 +103,26 @@ def test_a_lease_reports_the_pools_figures_and_a_busy_pool_is_waited_for_at_most
 
 def test_a_waiting_job_takes_the_lease_as_soon_as_the_holder_ends_its_call():
     pool = Pool()
-    first = pool.acquire(0.0)["lease"]
+    first = pool.acquire(0.0).lease
     pool._cond.meanwhile = lambda: pool.finish(first, ok=True)
-    second = pool.acquire(warm.BUSY_WAIT_S)
-    assert second is not None and second["calls"] == 1 and second["lease"] != first
+    second = pool.acquire(DEFAULT.busy_wait_s)
+    assert second is not None and second.calls == 1 and second.lease != first
     assert pool.events == []
 
 
 def test_a_call_that_may_have_broken_the_payload_retires_the_pool_and_it_refuses_every_later_call():
     pool = Pool()
-    lease = pool.acquire(0.0)["lease"]
+    lease = pool.acquire(0.0).lease
     assert pool.finish(lease, ok=False) == 1
     assert pool.events == ["stop", "exit"] and pool.retired
-    with pytest.raises(warm.PoolRetired, match="Test pool .* is stopping"):
+    with pytest.raises(PoolRetired, match="Test pool .* is stopping"):
         pool.acquire(0.0)
     assert pool.release_if_idle() is False and pool.expire() is None
 
 
 def test_only_the_lease_holder_calls_beats_and_ends_its_lease():
     pool = Pool()
-    lease = pool.acquire(0.0)["lease"]
+    lease = pool.acquire(0.0).lease
     assert pool.heartbeat("another") is False and pool.heartbeat(lease) is True
     with pytest.raises(RuntimeError, match="without its lease"), pool.holding("another"):
         pass
@@ -141,7 +143,7 @@ def test_an_unleased_pool_stops_after_its_idle_timeout_and_an_extra_replica_afte
 
 def test_a_leased_pool_never_idles_out_and_the_idle_time_counts_from_the_end_of_the_last_lease():
     pool = Pool(idle_timeout_s=60)
-    lease = pool.acquire(0.0)["lease"]
+    lease = pool.acquire(0.0).lease
     for _ in range(10):
         pool.clock.advance(20)
         pool.heartbeat(lease)
@@ -157,16 +159,16 @@ def test_a_pool_past_its_maximum_age_is_recycled_after_its_call_or_at_the_next_l
     """A backfill never lets a pool idle out: past its maximum age it is recycled all the same, after
     the call that holds it, or at the next lease (which then starts a fresh one under the same name)."""
     busy = Pool()
-    busy.max_age_s = 3600
-    lease = busy.acquire(0.0)["lease"]
+    busy.policy = PoolPolicy(max_age_s=3600)
+    lease = busy.acquire(0.0).lease
     busy.clock.advance(3601)
     assert busy.heartbeat(lease) and busy.expire() is None  # never in the middle of a call
     busy.finish(lease, ok=True)
     assert busy.retired and busy.events == ["stop", "exit"]
     idle = Pool()
-    idle.max_age_s = 3600
+    idle.policy = PoolPolicy(max_age_s=3600)
     idle.clock.advance(3601)
-    with pytest.raises(warm.PoolRetired, match="stopping \\(it reached its maximum age, 3600s\\)"):
+    with pytest.raises(PoolRetired, match="stopping \\(it reached its maximum age, 3600s\\)"):
         idle.acquire(0.0)
     assert idle.events == ["stop", "exit"]
 
@@ -174,16 +176,16 @@ def test_a_pool_past_its_maximum_age_is_recycled_after_its_call_or_at_the_next_l
 def test_a_lease_says_how_long_the_pool_sat_idle_before_it_and_how_old_it_is():
     pool = Pool(start_s=5.0)
     first = pool.acquire(0.0)
-    assert first["idle_seconds"] == 0.0 and first["age_seconds"] == 5.0
+    assert first.idle_seconds == 0.0 and first.age_seconds == 5.0
     pool.clock.advance(30)
-    pool.finish(first["lease"], ok=True)
+    pool.finish(first.lease, ok=True)
     pool.clock.advance(120)  # idle between two jobs: counted by the job that ends it
     second = pool.acquire(0.0)
-    assert second["idle_seconds"] == 120.0 and second["age_seconds"] == 155.0
+    assert second.idle_seconds == 120.0 and second.age_seconds == 155.0
 
 
 def test_a_job_says_why_it_did_not_reuse_a_pool():
-    why = warm_actor.why_started
+    why = job_side.why_started
     assert "no test pool was running (the first job" in why("test pool", [], [], [])
     assert "1 of another configuration (other settings, runtime_env or code)" in why(
         "test pool", [], ["x-0"], []
@@ -198,7 +200,7 @@ def test_a_job_says_why_it_did_not_reuse_a_pool():
 
 def test_a_lease_its_job_stopped_beating_retires_the_pool_so_an_abandoned_call_never_runs_on():
     pool = Pool()
-    lease = pool.acquire(0.0, tag="run-a")["lease"]
+    lease = pool.acquire(0.0, tag="run-a").lease
     pool.clock.advance(LEASE_TIMEOUT_S - 1)
     assert pool.heartbeat(lease) and pool.expire() is None
     pool.clock.advance(LEASE_TIMEOUT_S + 1)
@@ -225,19 +227,19 @@ def test_a_call_running_in_the_pool_holds_its_lease_and_then_a_lapsed_lease_only
     """A Spark session runs its calls itself: a killed job's call finishes there, and the session,
     sound, serves the next job."""
     pool = InPool()
-    lease = pool.acquire(0.0)["lease"]
+    lease = pool.acquire(0.0).lease
     with pool.holding(lease):
         pool.clock.advance(10 * LEASE_TIMEOUT_S)  # a long call; its job was killed meanwhile
         assert pool.expire() is None
     pool.clock.advance(LEASE_TIMEOUT_S + 1)
     assert pool.expire() is None and not pool.retired and pool.events == []
     assert pool.serving() is None and pool.calls == 1
-    assert pool.acquire(0.0)["calls"] == 1
+    assert pool.acquire(0.0).calls == 1
 
 
 def test_an_unleased_pool_gives_way_and_a_leased_one_refuses():
     pool = Pool()
-    lease = pool.acquire(0.0)["lease"]
+    lease = pool.acquire(0.0).lease
     assert pool.release_if_idle() is False and pool.events == []
     pool.finish(lease, ok=True)
     assert pool.release_if_idle() is True and pool.events == ["stop", "exit"]
@@ -248,9 +250,9 @@ def test_a_pool_whose_payload_broke_while_idle_is_retired_by_its_would_be_holder
     pool = Pool()
     pool.fault = "lost a worker while idle"
     taken = pool.acquire(0.0)
-    assert taken["broken"] == f"Test pool {KEY}-0 lost a worker while idle"
+    assert taken.broken == f"Test pool {KEY}-0 lost a worker while idle"
     assert pool.events == [], "it still answers: stopping first would lose the reason"
-    pool.finish(taken["lease"], ok=False)
+    pool.finish(taken.lease, ok=False)
     assert pool.retired and pool.events == ["stop", "exit"]
 
 
@@ -264,7 +266,7 @@ def test_a_stop_that_fails_still_ends_the_actor():
     assert pool.release_if_idle() and pool.events == ["exit"]
 
 
-# -- the job's side: warm_actor.lease ---------------------------------------------------------------
+# -- the job's side: warm.lease.lease ---------------------------------------------------------------
 class Method:
     def __init__(self, fn) -> None:
         self.fn = fn
@@ -292,11 +294,11 @@ def replicas(monkeypatch):
 
     live: dict[str, Pool] = {}
     monkeypatch.setattr(ray, "get", lambda value, **_: value)
-    monkeypatch.setattr(warm, "replicas", lambda namespace, key: sorted(live))
-    monkeypatch.setattr(warm, "pools", lambda namespace: sorted(live))
-    monkeypatch.setattr(warm, "_room_for", lambda cpus, key, evict: True)
+    monkeypatch.setattr(registry, "replicas", lambda namespace, key: sorted(live))
+    monkeypatch.setattr(registry, "pools", lambda namespace: sorted(live))
+    monkeypatch.setattr(job_side, "_room_for", lambda cpus, key, evict: True)
     monkeypatch.setattr(
-        warm_actor, "start", lambda payload, name, args, env: Handle(live.setdefault(name, Pool(name)))
+        job_side, "start", lambda payload, name, args, env, policy: Handle(live.setdefault(name, Pool(name)))
     )
     return live
 
@@ -304,24 +306,24 @@ def replicas(monkeypatch):
 def test_a_job_holds_a_free_replicas_lease_for_its_block_and_its_own_errors_leave_the_pool_sound(replicas):
     with (
         pytest.raises(ValueError, match="the job's own"),
-        warm_actor.lease(Pool, KEY, 2.0, (), {}, tag="run-a") as got,
+        job_side.lease(Pool, KEY, 2.0, (), {}, tag="run-a") as got,
     ):
         assert got.name == f"{KEY}-0" and replicas[got.name].serving() == "run-a"
         raise ValueError("the job's own error")
     pool = replicas[f"{KEY}-0"]
-    assert got.calls == 1 and got.info["calls"] == 0 and pool.serving() is None and not pool.retired
+    assert got.calls == 1 and got.grant.calls == 0 and pool.serving() is None and not pool.retired
     assert not got.reused and got.why and got.why.startswith("no test pool was running")
-    with warm_actor.lease(Pool, KEY, 2.0, (), {}) as again:
-        assert again.name == got.name and again.info["calls"] == 1
+    with job_side.lease(Pool, KEY, 2.0, (), {}) as again:
+        assert again.name == got.name and again.grant.calls == 1
     assert again.reused and again.why is None
     assert again.use().reused and again.use().name == got.name and again.use().why is None
-    assert "(warm; idle 0s before it" in again.describe("Test pool")
+    assert "(warm; idle 0s before it" in again.describe()
 
 
 def test_a_failure_in_a_risky_part_retires_the_pool_when_the_lease_ends(replicas):
     with (
         pytest.raises(RuntimeError, match="a worker failed"),
-        warm_actor.lease(Pool, KEY, 2.0, (), {}) as got,
+        job_side.lease(Pool, KEY, 2.0, (), {}) as got,
     ):
         with got.at_risk():
             raise RuntimeError("a worker failed")

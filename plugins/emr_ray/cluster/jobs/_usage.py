@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emr_ray.cluster.results import PoolIdle, Usage
+from emr_ray.cluster.warm.lease import PoolCall
 
 # -- phases -----------------------------------------------------------------------------------------
 
@@ -116,6 +117,12 @@ def borrow(
     _borrowed.append(Held(kind, name, dict(resources), start, end))
     if idle_before > 0:
         _idle.append(Held("idle", name, dict(resources), start - idle_before, start))
+
+
+def borrow_call(name: str, call: PoolCall) -> None:
+    """A warm pool's call, charged to this job (:func:`borrow`): what the pool held for the call's
+    seconds, and its idle seconds before the call."""
+    borrow("actor", name, call.resources, call.started_at, call.ended_at, idle_before=call.use.idle_seconds)
 
 
 # -- reservations (pure) ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import logging
 import os
 
 from emr_ray.cluster import storage
-from emr_ray.cluster.jobs import _usage, spark_session, warm
+from emr_ray.cluster.jobs import _usage, spark_session
 from emr_ray.cluster.jobs._runtime import main
 from emr_ray.cluster.jobs.spark_steps import (  # noqa: F401 - JAVA_OPTIONS, spark_configs: this module's names too
     JAVA_OPTIONS,
@@ -25,8 +25,9 @@ from emr_ray.cluster.jobs.spark_steps import (  # noqa: F401 - JAVA_OPTIONS, spa
     start_spark,
 )
 from emr_ray.cluster.jobs.validation import schema_problems
-from emr_ray.cluster.results import PoolUse, SparkResult
+from emr_ray.cluster.results import SparkResult
 from emr_ray.cluster.spec import SparkJobSpec
+from emr_ray.cluster.warm import registry
 
 log = logging.getLogger("emr_ray.cluster.jobs.spark")
 
@@ -53,7 +54,7 @@ def run(spec: SparkJobSpec) -> SparkResult:
     configs, env = session_settings(spec, options)
     if spec.spark.session == "shared":
         return _run_shared(spec, configs, env, options, files)
-    warm.release_idle(spark_session.cpus(spec.spark))  # idle warm pools give way to this job's executors
+    registry.release_idle(spark_session.cpus(spec.spark))  # idle warm pools give way to this job's executors
     os.environ.update(env)  # read by the JVM raydp starts next
     spark = start_spark(spec.spark.app_name, spec.spark, configs)
     _usage.lap("spark_start")
@@ -75,24 +76,15 @@ def _run_shared(
 ) -> SparkResult:
     import ray
 
-    out = spark_session.run_shared(
+    call = spark_session.run_shared(
         spec, configs, env, options, files, job_runtime_env=ray.get_runtime_context().runtime_env
     )
-    use: PoolUse = out["use"]
-    for line in out["log"]:  # the call's progress, in this job's log (and so in the task log)
-        print(line, flush=True)
+    call.report()
     # the call's own steps (read, compute, write, commit) under their names; the rest of the call
     # (reaching the session, and starting it when there was none) as ``spark_session``
-    _usage.lap("spark_session", **out["phases"])
-    _usage.borrow(
-        "actor",
-        "SharedSparkExecutors",
-        {"CPU": out["cpus"]},
-        out["call_started_at"],
-        out["call_ended_at"],
-        idle_before=use.idle_seconds,
-    )
-    return dataclasses.replace(out["result"], spark_session=use)
+    _usage.lap("spark_session", **call.phases)
+    _usage.borrow_call("SharedSparkExecutors", call)
+    return dataclasses.replace(call.value, spark_session=call.use)
 
 
 if __name__ == "__main__":

@@ -5,34 +5,12 @@ first action's executor Python workers 8 s; ``bench/results/SUMMARY.md``), whate
 size. With ``session="shared"`` the preprocessing job hands its partition to a warm session instead:
 a detached actor that holds one RayDP session and runs each job's read -> preprocess -> write ->
 commit in it (:func:`emr_ray.cluster.jobs.spark_steps.preprocess_partition`, the same code as a job's own
-session). Its lifecycle is every warm pool's (:mod:`emr_ray.cluster.jobs.warm_actor`); this module has the
-session's own part: start Spark, run a partition's steps, stop Spark.
-
-**Lifecycle.**
-
-- *Per configuration.* The actor's name is a hash of everything that shapes the session (Spark
-  settings less the app name, Hadoop settings, the HDFS user, the job's runtime_env less per-job
-  variables: shipped code, pip packages, Python) and a replica number. Jobs with the same
-  configuration share its sessions; a job with another configuration (other code, other executors)
-  gets its own: never a mix. A session serves one job at a time: a job that finds every replica busy
-  waits for one at most as long as it took to start, then starts another if the cluster has room,
-  and waits for one otherwise (:func:`emr_ray.cluster.jobs.warm.serve`). A new session none of whose
-  executors is placed within ``EXECUTORS_WAIT_S`` (the room was taken meanwhile) stops, and the job
-  waits for a live one. The job holds the session's
-  lease for its call; the call runs in the session, which finishes it even if the job is killed.
-- *Idle timeout.* A session that ran nothing for ``idle_timeout_s`` stops Spark and exits, freeing its
-  executors.
-- *Gives way to work that needs the cluster.* A job that cannot be placed because idle sessions hold
-  the CPUs (a training job on a small cluster) releases idle sessions first
-  (:func:`emr_ray.cluster.jobs.warm.release_idle`).
-- *Restart on failure.* A call that fails for any reason but bad input retires its session after the
-  call (a broken Spark context is never reused); a session that died (its actor or JVM killed) is
-  replaced by a fresh one and the partition is preprocessed there, once.
-- *Credentials per call.* The session's actor has no secrets: each call passes the job's storage
-  options (COS keys), used by that call's Spark tasks only. The secret reference of the job that
-  happened to start the session is not in the actor's environment.
-- *Reliability is the job's own.* The partition commit is the same atomic step; a job killed during
-  its call leaves the session to finish or discard that generation, and the retry commits its own.
+session). Its lifecycle is every warm pool's (``docs/warm-pools.md``, :mod:`emr_ray.cluster.warm`);
+this module has the session's own part: what names it (:func:`session_key`), start Spark (a new
+session none of whose executors is placed within ``EXECUTORS_WAIT_S`` stops: the job waits for a
+live one), run a partition's steps in a session of the call's own (:func:`call_session`), stop
+Spark. A call that fails but for bad input retires the session; one whose session died runs again
+in a fresh one, once. The session has no secrets: each call passes the job's storage options.
 """
 
 from __future__ import annotations
@@ -46,7 +24,6 @@ from itertools import count
 from typing import Any
 
 from emr_ray.cluster import storage
-from emr_ray.cluster.jobs import warm, warm_actor
 from emr_ray.cluster.jobs.spark_steps import (
     EXECUTORS_WAIT_S,
     NoRoomForExecutors,
@@ -54,14 +31,19 @@ from emr_ray.cluster.jobs.spark_steps import (
     start_spark,
     wait_for_executors,
 )
+from emr_ray.cluster.results import SparkResult
 from emr_ray.cluster.spec import SparkJobSpec, SparkSettings
+from emr_ray.cluster.warm import keys, registry
+from emr_ray.cluster.warm.actor import PoolFigures, WarmActor
+from emr_ray.cluster.warm.call_log import CallLog, Ran
+from emr_ray.cluster.warm.lease import PoolCall, lease
+from emr_ray.cluster.warm.policy import DEFAULT
 
 log = logging.getLogger("emr_ray.cluster.jobs.spark_session")
 
 #: the Ray namespace of the shared Spark sessions (one detached actor per configuration)
 NAMESPACE = "emr_ray_spark_sessions"
-NAME_PREFIX = warm.POOLS[NAMESPACE]
-session_runtime_env = warm.pool_runtime_env
+NAME_PREFIX = keys.POOLS[NAMESPACE]
 
 
 def session_key(
@@ -71,7 +53,7 @@ def session_key(
     code: str = "",
     tenant: str = "",
 ) -> str:
-    """The name of the session for this configuration, code (:func:`warm.code_identity`) and tenant
+    """The name of the session for this configuration, code (:func:`keys.code_identity`) and tenant
     (the job's connections): equal inputs, equal name; any difference, another."""
     payload = {
         "spark": {k: v for k, v in settings.items() if k != "app_name"},
@@ -80,7 +62,7 @@ def session_key(
         "code": code,
         "tenant": tenant,
     }
-    return warm.pool_key(NAME_PREFIX, payload)
+    return keys.pool_key(NAME_PREFIX, payload)
 
 
 def cpus(settings: SparkSettings) -> float:
@@ -120,7 +102,7 @@ def _make_current(session_class: Any, jvm_session: Any, session: Any, *, active:
     jvm_session.setActiveSession(active._jsparkSession)
 
 
-class WarmSpark(warm_actor.WarmActor):
+class WarmSpark(WarmActor):
     """A warm Spark session: one RayDP session, and a partition's steps run in it per call."""
 
     NAMESPACE = NAMESPACE
@@ -134,13 +116,12 @@ class WarmSpark(warm_actor.WarmActor):
         settings: SparkSettings,
         configs: dict[str, str],
         env: dict[str, str],
-        idle_timeout_s: float,
         executors_wait_s: float = EXECUTORS_WAIT_S,
         **lifecycle: Any,
     ) -> None:
         self.settings, self.configs, self.env = settings, configs, env
         self.executors_wait_s = executors_wait_s
-        super().__init__(name, idle_timeout_s, **lifecycle)
+        super().__init__(name, **lifecycle)
 
     def start(self) -> None:
         """Start Spark and wait for an executor: a session none of whose executors could be placed
@@ -158,12 +139,10 @@ class WarmSpark(warm_actor.WarmActor):
 
         raydp.stop_spark()
 
-    def figures(self) -> dict[str, Any]:
-        return {"cpus": cpus(self.settings)}
+    def figures(self) -> PoolFigures:
+        return PoolFigures(cpus=cpus(self.settings))
 
-    def run(
-        self, lease: str, spec: SparkJobSpec, options: storage.StorageOptions, files: list[str]
-    ) -> dict[str, Any]:
+    def run(self, lease: str, spec: SparkJobSpec, options: storage.StorageOptions, files: list[str]) -> Ran:
         """Preprocess one partition in this session (the lease holder's call); the job's result, the
         call's log lines and phases, and when it ran."""
         from emr_ray.cluster.jobs import _usage
@@ -171,15 +150,9 @@ class WarmSpark(warm_actor.WarmActor):
         with self.holding(lease):
             recorder = _usage.Recorder()
             began = time.time()
-            with warm.CallLog.capture() as lines, call_session(self.spark) as spark:
+            with CallLog.capture() as lines, call_session(self.spark) as spark:
                 result = preprocess_partition(spark, spec, options, files, lap=recorder.lap)
-        return {
-            "result": result,
-            "log": lines,
-            "phases": recorder.phases,
-            "call_started_at": began,
-            "call_ended_at": time.time(),
-        }
+        return Ran(result, lines, began, time.time(), recorder.phases)
 
 
 def run_shared(
@@ -190,15 +163,16 @@ def run_shared(
     files: list[str],
     *,
     job_runtime_env: Mapping[str, Any],
-) -> dict[str, Any]:
+) -> PoolCall:
     """Run the preprocessing of ``spec`` in the shared session for this configuration, on a free
     replica, or a new one when all are busy and the cluster has room (else it waits); in a fresh one
-    if the session died during the call. A call that fails but for bad input retires its session."""
+    if the session died during the call. A call that fails but for bad input retires its session.
+    The call's value is the job's :class:`~emr_ray.cluster.results.SparkResult`."""
     import ray
 
     from emr_ray.cluster.jobs._runtime import INPUT_ERRORS
 
-    runtime_env = session_runtime_env(job_runtime_env)
+    runtime_env = keys.pool_runtime_env(job_runtime_env)
     settings = {
         k: getattr(spec.spark, k)
         for k in ("num_executors", "executor_cores", "executor_memory", "placement_group_strategy")
@@ -207,16 +181,17 @@ def run_shared(
         settings,
         {**configs, **{f"env.{k}": v for k, v in env.items()}},
         runtime_env,
-        warm.code_identity([spec.preprocess]),
+        keys.code_identity([spec.preprocess]),
         spec.tenant,
     )
-    args = (spec.spark, configs, env, spec.spark.idle_timeout_s)
+    policy = DEFAULT.idle_after(spec.spark.idle_timeout_s)
+    args = (spec.spark, configs, env)
     for died in count(1):
-        with warm_actor.lease(
-            WarmSpark, key, cpus(spec.spark), args, runtime_env, one_per_job=True
+        with lease(
+            WarmSpark, key, cpus(spec.spark), args, runtime_env, one_per_job=True, policy=policy
         ) as session:
             try:
-                out = ray.get(session.actor.run.remote(session.token, spec, options, files))
+                ran: Ran = ray.get(session.actor.run.remote(session.token, spec, options, files))
                 break
             except ray.exceptions.RayTaskError as e:
                 if isinstance(e.cause, INPUT_ERRORS):
@@ -229,19 +204,13 @@ def run_shared(
                 log.warning(
                     "Shared Spark session %s is gone (%s); preprocessing in a fresh one", session.name, e
                 )
-        warm.wait_gone(session.name, NAMESPACE)
-    log.info("%s", session.describe("Shared Spark session"))
-    return {
-        "result": out["result"],
-        "log": out["log"],
-        "phases": out["phases"],
-        "use": session.use(),
-        "cpus": session.info["cpus"],
-        "call_started_at": out["call_started_at"],
-        "call_ended_at": out["call_ended_at"],
-    }
+        registry.wait_gone(session.name, NAMESPACE)
+    result: SparkResult = ran.value
+    return session.outcome(
+        result, ran.log, started_at=ran.started_at, ended_at=ran.ended_at, phases=ran.phases
+    )
 
 
 def sessions() -> list[str]:
     """The names of the live shared Spark sessions."""
-    return warm.pools(NAMESPACE)
+    return registry.pools(NAMESPACE)

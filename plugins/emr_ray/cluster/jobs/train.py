@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from emr_ray.cluster import mlflow_auth, partitions, retention, storage
-from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group, warm
+from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group
 from emr_ray.cluster.jobs import compare as comparing
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs._runtime import JobInputError, main
 from emr_ray.cluster.results import TrainResult
 from emr_ray.cluster.reuse import FORCE_ENV
 from emr_ray.cluster.spec import TrainJobSpec, import_by_path
+from emr_ray.cluster.warm import registry
 
 log = logging.getLogger("emr_ray.cluster.jobs.train")
 STATE_FILE = "_emr_ray_state.json"
@@ -394,7 +395,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> TrainResult:
             tracking.backfill_checkpointed_epochs(run_state.fsys, run_state.path, spec, mlflow_run_id)
         _usage.lap("mlflow_start")
         # idle warm pools give way to Ray Train's worker group (a small cluster has no CPU for both)
-        warm.release_idle(spec.scaling.cpus)
+        registry.release_idle(spec.scaling.cpus)
         trainer = build_trainer(spec, plan, options, mlflow_run_id)
     _usage.lap("build_trainer")
     fitted = fit_and_log(trainer, spec, plan, options, mlflow_run_id)

@@ -7,26 +7,13 @@ a warm group instead: a detached coordinator actor (:class:`WarmTrainGroup`) tha
 :class:`TrainWorker` actor per rank, torch imported and the process group joined once, and runs
 each job's loop on them. The loop is the same code (it sees the group through :mod:`emr_ray.cluster.train`).
 
-**Lifecycle** (every warm pool's: :mod:`emr_ray.cluster.jobs.warm_actor`; this module has the group's own
-part: start the workers, run a call on them, stop them)
-
-- *One per configuration*: the name hashes the scaling (workers, GPUs, resources, placement) and the
-  job's runtime_env less per-job variables (shipped code, packages, Python). Other code, another group.
-- *One job at a time per group*: a job takes a group's lease; another job with the same
-  configuration takes a free replica, or waits for a busy one at most its start-up time, then starts
-  one if the cluster has room, or waits (:func:`emr_ray.cluster.jobs.warm.serve`). The lease holder's job
-  beats it from a thread of its own; a lease without a beat for ``LEASE_TIMEOUT_S`` (its job was killed) retires the
-  group, so an abandoned loop never runs on; until then no other job trains the same run
-  (:func:`wait_for_abandoned_calls`): one writer per run.
-- *Idle timeout*, *gives way* to jobs that need its CPUs (``release_if_idle``), like a Spark session.
-- *Never reused after a failure*: a call that fails retires the group (its workers may be stuck in a
-  collective); the job restarts in a fresh group from the latest checkpoint, up to ``max_failures``
-  times, as Ray Train does. A group is leased only when every worker answers (one may die while
-  idle). If rank 0 dies in the job's last step, after the loop, the job's driver does that step.
-- *Credentials per call*: the workers read with the job's storage options, passed with the call;
-  the group's environment has no job's secret reference.
-- *Checkpoints* go to the run's folder (:mod:`emr_ray.cluster.jobs.train_checkpoints`), so a retry of the
-  Airflow task resumes from them in whichever group serves it.
+Its lifecycle is every warm pool's (``docs/warm-pools.md``, :mod:`emr_ray.cluster.warm`); this module
+has the group's own part: what names it (:func:`group_key`), start the workers, run a call on them
+(:func:`fit_shared`, with the job's :class:`GroupCallback` around the loop, as Ray Train's worker
+group callbacks), stop them. A group is leased only when every worker answers; a call that fails
+retires it (its workers may be stuck in a collective); no two groups train one run at once
+(:func:`wait_for_abandoned_calls`). Rank 0's checkpoints go to the run's folder
+(:mod:`emr_ray.cluster.jobs.train_checkpoints`), so a retry resumes in whichever group serves it.
 """
 
 from __future__ import annotations
@@ -39,16 +26,19 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from emr_ray.cluster.jobs import warm, warm_actor
-from emr_ray.cluster.jobs.warm_actor import LEASE_TIMEOUT_S
 from emr_ray.cluster.spec import ScalingSpec
+from emr_ray.cluster.warm import keys, registry
+from emr_ray.cluster.warm.actor import PoolFigures, WarmActor
+from emr_ray.cluster.warm.call_log import CallLog, Ran
+from emr_ray.cluster.warm.lease import PoolCall, Replica, lease
+from emr_ray.cluster.warm.policy import DEFAULT, PoolPolicy
 
 log = logging.getLogger("emr_ray.cluster.jobs.train_group")
 
 NAMESPACE = "emr_ray_train_groups"
-NAME_PREFIX = warm.POOLS[NAMESPACE]
+NAME_PREFIX = keys.POOLS[NAMESPACE]
 #: how long a training job waits for an abandoned call on its run to end (lease lapse, then retirement)
-ABANDONED_WAIT_S = LEASE_TIMEOUT_S + 30.0
+ABANDONED_WAIT_S = DEFAULT.lease_timeout_s + 30.0
 #: how long a new group waits for its workers' resources before it gives up
 PLACEMENT_TIMEOUT_S = 300.0
 #: how long a failed call waits for rank 0's checkpoint uploads to finish
@@ -71,9 +61,9 @@ class Rank0Lost(RuntimeError):
 def group_key(
     scaling: Mapping[str, Any], runtime_env: Mapping[str, Any], code: str = "", tenant: str = ""
 ) -> str:
-    """The name of the group for this configuration, code (:func:`warm.code_identity`) and tenant (the
+    """The name of the group for this configuration, code (:func:`keys.code_identity`) and tenant (the
     job's connections): equal inputs, equal name; any difference, another."""
-    return warm.pool_key(
+    return keys.pool_key(
         NAME_PREFIX,
         {"scaling": dict(scaling), "runtime_env": dict(runtime_env), "code": code, "tenant": tenant},
     )
@@ -126,8 +116,9 @@ class TrainWorker:
         options: Any,
         run_uri: str,
         resume_path: str | None,
-    ) -> dict[str, Any]:
-        """Run the loop once with this call's storage options; rank 0 stores each epoch's checkpoint."""
+    ) -> Ran:
+        """Run the loop once with this call's storage options; rank 0 stores each epoch's checkpoint.
+        The value is the number of reports."""
         import tempfile
 
         from emr_ray.cluster import storage
@@ -144,7 +135,7 @@ class TrainWorker:
             the background, in order, while the next epoch runs."""
             uploads.submit(metrics, directory, self.reports.append)
 
-        with warm.CallLog.capture() as lines:
+        with CallLog.capture() as lines:
             try:
                 with tempfile.TemporaryDirectory() as tmp:
                     resume_dir = train_checkpoints.download(fsys, resume_path, tmp) if resume_path else None
@@ -163,26 +154,27 @@ class TrainWorker:
                 uploads.finish(raise_failed=False)  # the loop's own error is the call's
                 raise
             uploads.finish()  # every checkpoint stored before the call ends (raises the first failure)
-        return {"log": lines, "reports": len(self.reports)}
+        return Ran(len(self.reports), lines)
 
-    def after_fit(self, call: str, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-        """Run ``fn`` (an import path) once after this call's loop, with ``env`` (the job's MLflow
-        credentials) in the environment for this call only; returns its value and its log lines.
+    def after_fit(
+        self, call: str, fn: Callable[..., Any], kwargs: dict[str, Any], env: dict[str, str]
+    ) -> Ran:
+        """Run ``fn`` once after this call's loop, with ``env`` (the job's MLflow credentials) in the
+        environment for this call only; returns its value and its log lines.
 
         The job's last step runs here rather than in its fresh driver (``jobs/train_finish.py``): this
         process outlives the job, so what a first model log imports and checks, it does once.
         """
         from emr_ray.cluster.mlflow_auth import scoped_environ
-        from emr_ray.cluster.spec import import_by_path
 
         if call != self.call:
             raise RuntimeError(f"after_fit for call {call}, but this worker last ran call {self.call}")
-        with warm.CallLog.capture() as lines, self._login, scoped_environ(env):
-            value = import_by_path(fn)(**kwargs)
-        return {"value": value, "log": lines}
+        with CallLog.capture() as lines, self._login, scoped_environ(env):
+            value = fn(**kwargs)
+        return Ran(value, lines)
 
-    def mlflow_step(self, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
-        """Run ``fn`` (an import path: the job's MLflow run start, an epoch's metrics) in the control
+    def mlflow_step(self, fn: Callable[..., Any], kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+        """Run ``fn`` (the job's MLflow run start, an epoch's metrics) in the control
         group, beside the loop, with ``env`` (the job's MLflow login) set for this call only.
 
         The job's fresh driver would import MLflow and open its store for these (2-3 s a job); this
@@ -190,19 +182,16 @@ class TrainWorker:
         code running here meanwhile); after its lease, a job uses :meth:`after_lease`.
         """
         from emr_ray.cluster.mlflow_auth import scoped_environ
-        from emr_ray.cluster.spec import import_by_path
 
         with self._login, scoped_environ(env):
-            return import_by_path(fn)(**kwargs)
+            return fn(**kwargs)
 
-    def after_lease(self, fn: str, kwargs: dict[str, Any]) -> Any:
+    def after_lease(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         """Run ``fn`` for a job whose lease has ended (its usage on its MLflow run), beside the next
         job's calls: in a concurrency group of its own (``after_lease``), so a slow MLflow never
         queues the next job's steps behind it, and without touching the environment: ``kwargs``
         carries the login, which ``fn`` hands to its request alone (``train_mlflow.log_usage_as``)."""
-        from emr_ray.cluster.spec import import_by_path
-
-        return import_by_path(fn)(**kwargs)
+        return fn(**kwargs)
 
     def alive(self) -> bool:
         """Answers while the process lives: a group is leased only when every worker answers."""
@@ -230,15 +219,15 @@ def remote_worker() -> Any:
     return ray.remote(max_restarts=0, concurrency_groups={"control": 1, "after_lease": 2})(TrainWorker)  # type: ignore[call-overload]
 
 
-class WarmTrainGroup(warm_actor.WarmActor):
+class WarmTrainGroup(WarmActor):
     """The group's coordinator (a detached actor): owns the workers; the lease is the base's."""
 
     NAMESPACE = NAMESPACE
     WHAT = "Warm worker group"
 
-    def __init__(self, name: str, scaling: ScalingSpec, idle_timeout_s: float, **lifecycle: Any) -> None:
+    def __init__(self, name: str, scaling: ScalingSpec, **lifecycle: Any) -> None:
         self.scaling = scaling
-        super().__init__(name, idle_timeout_s, **lifecycle)
+        super().__init__(name, **lifecycle)
 
     def start(self) -> None:
         import ray
@@ -257,7 +246,7 @@ class WarmTrainGroup(warm_actor.WarmActor):
                     f"{PLACEMENT_TIMEOUT_S:.0f}s; the cluster lacks the resources."
                 )
             # a pool that was busy when this group was asked for may be idle now: it gives way
-            warm.release_idle(self.scaling.cpus, keep=self.name)
+            registry.release_idle(self.scaling.cpus, keep=self.name)
         extra = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
         worker_class = remote_worker()
         self.workers = [
@@ -280,13 +269,9 @@ class WarmTrainGroup(warm_actor.WarmActor):
         for worker in self.workers:  # the actor's exit takes its placement group with it
             ray.kill(worker, no_restart=True)
 
-    def figures(self) -> dict[str, Any]:
-        resources, workers = self.scaling.per_worker(), self.scaling.num_workers
-        return {
-            "workers": self.workers,
-            "cpus": self.scaling.cpus,
-            "gpus": resources.get("GPU", 0.0) * workers,
-        }
+    def figures(self) -> PoolFigures:
+        gpus = self.scaling.per_worker().get("GPU", 0.0) * self.scaling.num_workers
+        return PoolFigures(cpus=self.scaling.cpus, gpus=gpus, workers=tuple(self.workers))
 
     def broken(self, timeout_s: float = 30.0) -> str | None:
         """A group is leased only when every worker answers (one may die while idle: an OOM kill, a
@@ -303,21 +288,48 @@ class WarmTrainGroup(warm_actor.WarmActor):
         return None
 
 
+class GroupCallback:
+    """What a training job does around its call on a warm group, in the style of Ray Train's worker
+    group callbacks: each hook runs in the job's driver, within the lease. The defaults do nothing.
+
+    Errors raised by :meth:`before_loop` and :meth:`after_loop` are the job's, not the group's: they end
+    the call without retiring the group (one that loses rank 0 meanwhile is retired)."""
+
+    def before_loop(self, call: GroupCall) -> None:
+        """Once the lease is taken, before the loop: ``call.step`` runs a function on rank 0."""
+
+    def resume_path(self) -> str | None:
+        """The checkpoint the loop resumes from (asked once per call, after :meth:`before_loop`)."""
+        return None
+
+    def on_report(self, report: dict[str, Any]) -> None:
+        """One of rank 0's reports (an epoch's metrics and checkpoint), as it comes."""
+
+    def after_loop(self, call: GroupCall) -> Any:
+        """Once the loop has succeeded, still within the lease: ``call.after_fit`` runs a function on
+        rank 0 (raising :class:`Rank0Lost` if rank 0 dies). What it returns is the call's value."""
+        return None
+
+
 @dataclass
 class GroupCall:
     """One job's call on a leased group: rank 0's steps beside the loop, the loop, rank 0's last step.
-    A failure that may leave the workers broken retires the group (:meth:`warm_actor.Replica.retire`)."""
+    A failure that may leave the workers broken retires the group (:meth:`Replica.retire`)."""
 
-    group: warm_actor.Replica
+    group: Replica
     log: list[str] = field(default_factory=list)
 
     @property
-    def rank0(self) -> Any:
-        return self.group.info["workers"][0]
+    def workers(self) -> tuple[Any, ...]:
+        return self.group.grant.figures.workers
 
-    def step(self, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
-        """``fn`` on rank 0 beside the loop (:meth:`TrainWorker.mlflow_step`); its errors are the job's,
-        raised as they are (a refused login is a JobInputError: exit 2)."""
+    @property
+    def rank0(self) -> Any:
+        return self.workers[0]
+
+    def step(self, fn: Callable[..., Any], kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+        """``fn(**kwargs)`` on rank 0 beside the loop (:meth:`TrainWorker.mlflow_step`); its errors are
+        the job's, raised as they are (a refused login is a JobInputError: exit 2)."""
         import ray
 
         ref = self.rank0.mlflow_step.options(concurrency_group="control").remote(fn, kwargs, env)
@@ -328,12 +340,12 @@ class GroupCall:
                 raise e.cause from e
             raise
 
-    def after_fit(self, fn: str, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
-        """``fn`` on rank 0 once the loop has succeeded (:meth:`TrainWorker.after_fit`); its value."""
+    def after_fit(self, fn: Callable[..., Any], kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+        """``fn(**kwargs)`` on rank 0 once the loop has succeeded (:meth:`TrainWorker.after_fit`); its value."""
         ref = self.rank0.after_fit.remote(self.group.token, fn, kwargs, env)
-        done = self._on_rank0(ref, Rank0Lost, "rank 0 died after the loop", AFTER_FIT_TIMEOUT_S)
-        self.log.extend(done["log"])
-        return done["value"]
+        ran: Ran = self._on_rank0(ref, Rank0Lost, "rank 0 died after the loop", AFTER_FIT_TIMEOUT_S)
+        self.log.extend(ran.log)
+        return ran.value
 
     def _on_rank0(self, ref: Any, lost: type[Exception], what: str, timeout_s: float) -> Any:
         import ray
@@ -349,7 +361,7 @@ class GroupCall:
             self.group.retire()
             raise lost(f"Warm worker group {self.group.name}: {what}: {e}") from e
 
-    def _settle(self, call: str, seen: int, on_report: Callable[[dict[str, Any]], None]) -> None:
+    def _settle(self, call: str, seen: int, callback: GroupCallback) -> None:
         """The reports of checkpoints rank 0 stored before the failure (their uploads run beside the
         loop), when rank 0 still answers; a dead rank 0's are left to the next group's start, which
         logs the run's stored epochs that MLflow lacks (``train_mlflow.begin_run``)."""
@@ -363,7 +375,7 @@ class GroupCall:
         except Exception:  # rank 0 is gone, or hung in a collective beyond the bound
             return
         for report in late:
-            on_report(report)
+            callback.on_report(report)
 
     def loop(
         self,
@@ -372,13 +384,13 @@ class GroupCall:
         options: Any,
         run_uri: str,
         resume: str | None,
-        on_report: Callable[[dict[str, Any]], None],
+        callback: GroupCallback,
     ) -> None:
-        """Run ``train_loop`` on every worker; ``on_report`` gets rank 0's reports as they come."""
+        """Run ``train_loop`` on every worker; the callback gets rank 0's reports as they come."""
         import ray
 
-        call, workers = self.group.token, self.group.info["workers"]
-        refs = [w.run.remote(call, train_loop, config, options, run_uri, resume) for w in workers]
+        call = self.group.token
+        refs = [w.run.remote(call, train_loop, config, options, run_uri, resume) for w in self.workers]
         pending, seen = list(refs), 0
         while True:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
@@ -388,14 +400,14 @@ class GroupCall:
                     self.rank0.reports_since.options(concurrency_group="control").remote(call, seen)
                 )
             except Exception as e:
-                self._settle(call, seen, on_report)
+                self._settle(call, seen, callback)
                 raise GroupFailed(f"Warm worker group {self.group.name}: a worker failed: {e}") from e
             seen += len(reports)
             for report in reports:
-                on_report(report)
+                callback.on_report(report)
             if not pending:
                 break
-        self.log = ray.get(refs)[0]["log"]
+        self.log = list(ray.get(refs)[0].log)
 
 
 def fit_shared(
@@ -404,58 +416,33 @@ def fit_shared(
     scaling: ScalingSpec,
     options: Any,
     run_uri: str,
+    callback: GroupCallback,
     *,
-    resume_path: Callable[[], str | None],
-    on_report: Callable[[dict[str, Any]], None],
-    idle_timeout_s: float,
     job_runtime_env: Mapping[str, Any],
-    before: Callable[[Callable[..., Any]], Any] | None = None,
-    after: Callable[[Callable[..., Any]], Any] | None = None,
+    policy: PoolPolicy = DEFAULT,
     tenant: str = "",
-) -> dict[str, Any]:
-    """Run ``train_loop`` once on the warm group for ``scaling`` (started if there is none), from the
-    checkpoint ``resume_path()`` names; ``on_report`` gets rank 0's reports as they come. Returns the
-    group's figures for the call. Raises :class:`GroupFailed` (group retired) when a worker fails.
-
-    ``before(step)``, when given, runs once the lease is taken, before the loop: ``step(fn, kwargs, env)``
-    runs ``fn`` on rank 0 beside the loop (:meth:`GroupCall.step`), and ``before`` may keep it for
-    ``on_report`` until this call returns. Its errors are the job's: the group stays sound (one that
-    loses rank 0 raises :class:`GroupFailed`).
-
-    ``tenant`` (the job's connections) is part of the group's key: groups are single-tenant.
-
-    ``after(run_on_rank0)``, when given, runs once the loop has succeeded, still within the lease:
-    ``run_on_rank0(fn, kwargs, env)`` runs ``fn`` on rank 0 (:meth:`GroupCall.after_fit`) and returns
-    its value; what ``after`` returns is the result's ``after``. Its errors are the job's, not the
-    group's: they end the call without retiring the group. If rank 0 dies meanwhile, the group is
-    retired and ``run_on_rank0`` raises :class:`Rank0Lost`."""
-    runtime_env = warm.pool_runtime_env(job_runtime_env)
-    key = group_key(scaling.to_dict(), runtime_env, warm.code_identity([train_loop]), tenant)
-    args = (scaling, idle_timeout_s)
-    with warm_actor.lease(WarmTrainGroup, key, scaling.cpus, args, runtime_env, tag=run_uri) as group:
+) -> PoolCall:
+    """Run ``train_loop`` once on the warm group for ``scaling`` (started if there is none), with
+    ``callback``'s hooks around the loop (:class:`GroupCallback`). Returns the call (its value:
+    what ``callback.after_loop`` returned). Raises :class:`GroupFailed` (group retired) when a
+    worker fails. ``tenant`` (the job's connections) is part of the group's key: groups are
+    single-tenant."""
+    runtime_env = keys.pool_runtime_env(job_runtime_env)
+    key = group_key(scaling.to_dict(), runtime_env, keys.code_identity([train_loop]), tenant)
+    with lease(
+        WarmTrainGroup, key, scaling.cpus, (scaling,), runtime_env, tag=run_uri, policy=policy
+    ) as group:
         call = GroupCall(group)
-        if before is not None:
-            before(call.step)
+        callback.before_loop(call)
         with group.at_risk():  # a failed loop may leave the workers stuck in a collective
-            call.loop(train_loop, config, options, run_uri, resume_path(), on_report)
-        finished = after(call.after_fit) if after is not None else None
-    info = group.info
-    return {
-        "use": group.use(),
-        "cpus": info["cpus"],
-        "gpus": info["gpus"],
-        "call_started_at": group.began,
-        "call_ended_at": time.time(),
-        "log": call.log,
-        "after": finished,
-        "rank0": call.rank0,
-        "described": group.describe("Warm worker group"),
-    }
+            call.loop(train_loop, config, options, run_uri, callback.resume_path(), callback)
+        value = callback.after_loop(call)
+    return group.outcome(value, call.log)
 
 
 def groups() -> list[str]:
     """The names of the live warm worker groups."""
-    return warm.pools(NAMESPACE)
+    return registry.pools(NAMESPACE)
 
 
 def wait_for_abandoned_calls(run_uri: str, timeout_s: float = ABANDONED_WAIT_S) -> list[str]:
@@ -493,12 +480,12 @@ def wait_for_abandoned_calls(run_uri: str, timeout_s: float = ABANDONED_WAIT_S) 
         "%.0fs); waiting for them to stop, so that the run has one writer",
         ", ".join(serving),
         run_uri,
-        LEASE_TIMEOUT_S,
+        DEFAULT.lease_timeout_s,
     )
     deadline = time.monotonic() + timeout_s
     for name in serving:
-        warm.wait_gone(name, NAMESPACE, timeout=max(deadline - time.monotonic(), 0.0))
-    if alive := [name for name in serving if warm.exists(name, NAMESPACE)]:
+        registry.wait_gone(name, NAMESPACE, timeout=max(deadline - time.monotonic(), 0.0))
+    if alive := [name for name in serving if registry.exists(name, NAMESPACE)]:
         raise RuntimeError(
             f"Warm worker group(s) {', '.join(alive)} still train {run_uri} after "
             f"{timeout_s:.0f}s: another job trains this run; stop it, or retry later."

@@ -19,6 +19,7 @@ the job's usage (:func:`WarmTrainer.log_usage`). Each step gets the job's MLflow
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -26,19 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from emr_ray.cluster import mlflow_auth, storage
-from emr_ray.cluster.jobs import _usage, shards, train_group
+from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
 from emr_ray.cluster.results import PoolUse, TrainResult
 from emr_ray.cluster.spec import TrainJobSpec
+from emr_ray.cluster.warm.policy import DEFAULT
 
 log = logging.getLogger("emr_ray.cluster.jobs.train")
-#: the run's MLflow steps on rank 0: start (before the loop), each epoch, the model, the end, the usage
-BEGIN = "emr_ray.cluster.jobs.train_mlflow:begin_run"
-EPOCH = "emr_ray.cluster.jobs.train_mlflow:log_epoch_metrics"
-FINISH = "emr_ray.cluster.jobs.train_finish:log_and_compare_stored"
-END = "emr_ray.cluster.jobs.train_mlflow:end_run"
-USAGE = "emr_ray.cluster.jobs.train_mlflow:log_usage_as"
 #: the longest a job's end waits for its usage to be logged (then the result stands without it)
 USAGE_TIMEOUT_S = 60.0
 
@@ -61,9 +57,10 @@ class WarmFitResult:
         return self.best_checkpoints[0][0] if self.best_checkpoints else None
 
 
-class WarmTrainer:
+class WarmTrainer(train_group.GroupCallback):
     """``fit()`` on the warm worker group for ``spec.scaling``; rank 0 starts the MLflow run (resuming
-    ``resume_run_id`` when given) and ``on_run_started(run_id)`` records it before the loop runs."""
+    ``resume_run_id`` when given) and ``on_run_started(run_id)`` records it before the loop runs. Its
+    hooks around each call on the group are :class:`~.train_group.GroupCallback`'s."""
 
     def __init__(
         self,
@@ -85,7 +82,7 @@ class WarmTrainer:
         self.rank0: Any = None  # the last call's rank 0 (its usage is logged there: log_usage)
         tracking.ensure_credentials()
         self.login = mlflow_auth.credentials()  # the job's MLflow login, passed with each rank-0 step
-        self._step: Callable[..., Any] | None = None
+        self._call: train_group.GroupCall | None = None
         self._began = 0.0
         self._restarted = False  # a group failed: the next one starts by logging what MLflow lacks
 
@@ -95,18 +92,15 @@ class WarmTrainer:
         self._began = time.monotonic()
         while True:
             try:
-                group = train_group.fit_shared(
+                call = train_group.fit_shared(
                     spec.train_loop,
                     {**spec.config, shards.PLAN_KEY: self.plan},
                     spec.scaling,
                     self.options,
                     self.run_uri,
-                    resume_path=self._resume_path,
-                    on_report=self._on_report,
-                    idle_timeout_s=spec.worker_group_idle_timeout_s,
+                    self,
                     job_runtime_env=self.job_runtime_env,
-                    before=self._begin,
-                    after=self._finish,
+                    policy=DEFAULT.idle_after(spec.worker_group_idle_timeout_s),
                     tenant=spec.tenant,
                 )
                 break
@@ -121,52 +115,36 @@ class WarmTrainer:
                     failures,
                     spec.failure.max_failures,
                 )
-        for line in group.pop("log"):  # the loop's own log lines, in this job's log
-            print(line, flush=True)
-        _usage.borrow(
-            "actor",
-            "SharedTrainWorkers",
-            {"CPU": group["cpus"], "GPU": group["gpus"]},
-            group["call_started_at"],
-            group["call_ended_at"],
-            idle_before=group["use"].idle_seconds,
-        )
-        log.info("%s", group["described"])
-        self.rank0 = group["rank0"]
-        done = group["after"]  # the run's checkpoints after the loop, read once (_finish)
-        latest = done["latest"]
-        return WarmFitResult(
-            metrics=self.last or (latest[1] if latest else {}),
-            checkpoint=latest[0] if latest else None,
-            best_checkpoints=done["kept"],
-            group=group["use"],
-            finished=done["finished"],
-        )
+        call.report()  # the loop's own log lines, in this job's log
+        _usage.borrow_call("SharedTrainWorkers", call)
+        fitted: WarmFitResult = call.value  # the run's checkpoints after the loop, read once (after_loop)
+        return dataclasses.replace(fitted, group=call.use)
 
-    def _begin(self, step: Callable[..., Any]) -> None:
+    def before_loop(self, call: train_group.GroupCall) -> None:
         """Within the lease, before the loop: rank 0 starts the MLflow run (or resumes it, logging the
         epochs a stopped attempt checkpointed), and the job records its id before any checkpoint of
         this attempt exists. A retry in a fresh group keeps the run it started."""
-        self._step = step
+        self._call, self.rank0 = call, call.rank0
         if self.mlflow_run_id is None:
             kwargs = {"spec": self.spec, "options": self.options, "resume_run_id": self.resume_run_id}
-            self.mlflow_run_id = step(BEGIN, kwargs, self.login)
+            self.mlflow_run_id = call.step(tracking.begin_run, kwargs, self.login)
             if self.resume_run_id:
                 log.info("Resuming MLflow run %s", self.mlflow_run_id)
             self.on_run_started(self.mlflow_run_id)
         elif self._restarted:  # epochs the failed group stored but could not report reach MLflow now
-            step(
-                BEGIN,
+            call.step(
+                tracking.begin_run,
                 {"spec": self.spec, "options": self.options, "resume_run_id": self.mlflow_run_id},
                 self.login,
             )
 
-    def _finish(self, run_on_rank0) -> dict[str, Any]:
+    def after_loop(self, call: train_group.GroupCall) -> WarmFitResult:
         """Within the lease, once the loop is done: keep the run's checkpoints by score, then rank 0
         logs the best one's model and compares it with the champion, with the job's MLflow
         credentials for that call only (jobs/train_finish.py), and ends the run with its final
-        metrics. Returns the kept checkpoints, the latest and what rank 0 did (None without a
-        checkpoint: fit_and_log says so, or when rank 0 died: the driver logs, compares and ends)."""
+        metrics. Returns the fit's result: the kept checkpoints, the latest and what rank 0 did (None
+        without a checkpoint: fit_and_log says so, or when rank 0 died: the driver logs, compares and
+        ends)."""
         kept, latest = self.store.retain(), self.store.latest()
         best = kept[0][0] if kept else (latest[0] if latest else None)
         finished = None
@@ -179,7 +157,8 @@ class WarmTrainer:
                 "checkpoint_path": best.path,
             }
             try:
-                finished = {"comparison": run_on_rank0(FINISH, kwargs, self.login), "ended": False}
+                comparison = call.after_fit(train_finish.log_and_compare_stored, kwargs, self.login)
+                finished = {"comparison": comparison, "ended": False}
                 final = self.last or (latest[1] if latest else {})
                 end = {
                     "spec": self.spec,
@@ -187,11 +166,16 @@ class WarmTrainer:
                     "final": numeric(final),
                     "fit_seconds": time.monotonic() - self._began,
                 }
-                run_on_rank0(END, end, self.login)
+                call.after_fit(tracking.end_run, end, self.login)
                 finished["ended"] = True
             except train_group.Rank0Lost as e:
                 log.warning("%s; this job's driver does the rest of the run's last step", e)
-        return {"kept": kept, "latest": latest, "finished": finished}
+        return WarmFitResult(
+            metrics=self.last or (latest[1] if latest else {}),
+            checkpoint=latest[0] if latest else None,
+            best_checkpoints=kept,
+            finished=finished,
+        )
 
     def log_usage(self, spec: TrainJobSpec, result: TrainResult) -> None:
         """After the job's lease: rank 0 logs the job's usage on its MLflow run, the login passed with
@@ -202,12 +186,12 @@ class WarmTrainer:
             return
         ray.get(
             self.rank0.after_lease.options(concurrency_group="after_lease").remote(
-                USAGE, {"spec": spec, "result": result, "credentials": self.login}
+                tracking.log_usage_as, {"spec": spec, "result": result, "credentials": self.login}
             ),
             timeout=USAGE_TIMEOUT_S,
         )
 
-    def _resume_path(self) -> str | None:
+    def resume_path(self) -> str | None:
         latest = self.store.latest()
         if latest:
             log.info(
@@ -215,17 +199,17 @@ class WarmTrainer:
             )
         return latest[0].path if latest else None
 
-    def _on_report(self, report: dict[str, Any]) -> None:
+    def on_report(self, report: dict[str, Any]) -> None:
         """An epoch's report: its line in the job's log, its metrics on the MLflow run (by rank 0)."""
         self.last = dict(report["metrics"])
         tracking.print_epoch(self.spec.epochs, report["metrics"])
-        assert self._step is not None  # set by _begin, within the lease
+        assert self._call is not None  # set by before_loop, within the lease
         kwargs = {
             "tracking_uri": self.spec.mlflow.tracking_uri,
             "mlflow_run_id": self.mlflow_run_id,
             "metrics": report["metrics"],
         }
-        self._step(EPOCH, kwargs, self.login)
+        self._call.step(tracking.log_epoch_metrics, kwargs, self.login)
         if report.get("checkpoint"):
             self.store.retain()
 
