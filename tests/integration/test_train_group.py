@@ -137,14 +137,8 @@ def next_job_beside_a_slow_finished_one(spec: dict[str, Any]) -> dict[str, Any]:
     ray.init(address="auto", logging_level=logging.WARNING)
     rank0 = remote_worker().options(num_cpus=0).remote(0, 1, False)
     ray.get(rank0.alive.options(concurrency_group="control").remote())
-    usage = rank0.after_lease.options(concurrency_group="after_lease").remote(
-        "tests.integration.test_train_group:slow_usage", {"seconds": 60}
-    )
-    begun = ray.get(
-        rank0.mlflow_step.options(concurrency_group="control").remote(
-            "tests.integration.test_train_group:begin_run", {}, {}
-        )
-    )
+    usage = rank0.after_lease.options(concurrency_group="after_lease").remote(slow_usage, {"seconds": 60})
+    begun = ray.get(rank0.mlflow_step.options(concurrency_group="control").remote(begin_run, {}, {}))
     usage_pending = not ray.wait([usage], timeout=0)[0]
     ray.kill(rank0)
     return {"begun": begun, "usage_pending": usage_pending}
