@@ -376,8 +376,8 @@ def test_a_job_still_running_at_defer_after_defers_and_resumes_its_log_where_the
     event = run_trigger(deferred.value.trigger)
     shown: list[int] = []
     resumed = RayJobOperator(task_id="echo", spec={}, poll_interval=0.5, deferrable=True)
-    original = resumed._print_new_lines
-    resumed._print_new_lines = lambda logs, start: shown.append(start) or original(logs, start)  # type: ignore[method-assign]
+    original = resumed._job_watch.print_new_lines
+    resumed._job_watch.print_new_lines = lambda logs, start: shown.append(start) or original(logs, start)  # type: ignore[method-assign]
     assert resumed.execute_complete({"ti": ti}, event, **deferred.value.kwargs)["echo"] == {"slow": True}
     assert shown == [printed]  # the tail after what the task showed, not the first lines again
 

@@ -7,7 +7,6 @@ its XCom. Subclasses only say which job module runs and build its spec.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -18,36 +17,15 @@ from typing import Any, ClassVar
 from airflow.sdk import BaseOperator, conf
 
 from emr_ray.cluster.results import JobResult, Usage
-from emr_ray.cluster.reuse import (
-    DIGEST_KEY,
-    EXTERNAL_KEY,
-    FORCE_ENV,
-    UNREADABLE,
-    code_version,
-    encode_external,
-    spec_digest,
-)
-from emr_ray.cluster.spec import COS_SECRET_ENV, JobSpec, entrypoint
-from emr_ray.exceptions import (
-    RayClusterError,
-    RayJobInputError,
-    RayJobsApiError,
-    RayMonitorLostError,
-)
-from emr_ray.hooks import ray_secrets
+from emr_ray.cluster.reuse import FORCE_ENV, code_version, spec_digest
+from emr_ray.cluster.spec import JobSpec
+from emr_ray.exceptions import RayClusterError, RayJobInputError
+from emr_ray.hooks import ray_submit
 from emr_ray.hooks.ray import RayHook, merge_runtime_env
-from emr_ray.hooks.ray_reuse import CHECK_RESULT, REATTACH, REFUSE, Choice, TryJob, decide
-from emr_ray.hooks.ray_wait import (
-    FINISH,
-    PENDING_TIMEOUT,
-    entrypoint_asks,
-    failure_of,
-    interpret_job,
-    lost_contact_message,
-    next_step,
-    pending_timeout_event,
-    poll_delay,
-)
+from emr_ray.hooks.ray_reuse import REATTACH, REFUSE
+from emr_ray.hooks.ray_wait import entrypoint_asks, failure_of
+from emr_ray.hooks.ray_watch import JobWatch
+from emr_ray.hooks.storage_settings import StorageConnections
 from emr_ray.identity import TaskIdentity, tenant_of
 from emr_ray.links.ray import RayJobLink
 from emr_ray.operators.ray_check import RayConnectOperator
@@ -57,7 +35,6 @@ from emr_ray.triggers.ray import RayJobTrigger
 
 __all__ = ["RayConnectOperator", "RayJobOperator"]
 
-_LOG_LINES_PER_POLL = 200
 _STOP_RETRY_SECONDS = 30.0
 
 
@@ -72,35 +49,22 @@ def _seconds(value: float | timedelta | str | None) -> float | None:
 class RayJobOperator(BaseOperator):
     """Run one of the package's cluster-side jobs (``emr_ray.cluster.jobs.<name>``) through the Ray Jobs API.
 
-    The submission id is derived from the task instance (one per try). The job log streams into the
-    task log; the job's JSON result is the XCom. Every result carries ``usage``, what the job used
-    (wall time, CPU- and GPU-seconds reserved, peak memory, seconds per phase:
-    :mod:`emr_ray.cluster.jobs._usage`), and the task log shows it in one line (``Used: 1 job, ...``).
+    One call (``docs/architecture.md``): the spec goes out typed, the job's result comes back typed
+    (:attr:`result_type`) and is the XCom; the job's log streams into the task log, and what it used
+    (``usage``: :mod:`emr_ray.cluster.jobs._usage`) is one ``Used:`` line. The submission id derives
+    from the task instance, one per try.
 
-    **Reuse.** A retried (or cleared) task first looks for the jobs of its earlier tries and takes
-    over one that is PENDING, RUNNING or SUCCEEDED, but only when it was submitted with the same
-    spec digest (:func:`spec_digest`: the payload, the job module, the runtime_env and the code
-    version) and the same external inputs (:meth:`external_inputs`: what the job reads from outside
-    its spec, such as a raw partition landed again under the same URI), and, for a finished job,
-    only while its result still stands (:meth:`stale_result`: the generation it committed is still
-    there, the champion it compared with is still the champion). Otherwise it submits a new job (and
-    stops the superseded one if it still runs); the log says which of these changed.
-    ``force_recompute`` skips reuse and tells the job to ignore stored results (``EMR_RAY_FORCE=1``
-    in its environment). A job that ended FAILED or STOPPED is never resumed.
-
-    **Monitoring.** Jobs API calls that fail transiently (no answer, timeouts, 5xx, 429) are retried
-    with backoff (1 s doubling to 30 s) for ``monitor_retry_seconds``, each retry logged, in both the
-    polling and the deferred path. When that runs out, the task fails and says so; the job is left
-    running, and a retry reattaches to it. The job is stopped only when the task is killed or times
-    out (``execution_timeout``), or when it stays PENDING longer than ``pending_timeout``; and only by
-    the try that owns it: each try records in the XCom ``ray_job_owner`` which job it submitted or took
-    over, so the late ``on_kill`` of a try Airflow declared a zombie leaves its job to the later try
-    that took it over.
-
-    **Failures.** A job that failed on its input (the job runtime's exit 2: missing or bad data, bad
-    config) or that someone stopped fails the task without retries (``AirflowFailException``);
-    other job failures are retried, and so is an earlier try's job that this try had taken over and
-    that was then stopped (most likely by that try's late ``on_kill``): the retry submits its own.
+    - **Reuse** (``docs/reliability.md``): a retried or cleared try takes over an earlier try's
+      PENDING, RUNNING or SUCCEEDED job only when its spec digest (:func:`spec_digest`) and external
+      inputs (:meth:`external_inputs`) are the same and a finished job's result still stands
+      (:meth:`stale_result`); else it submits its own and stops the superseded one. The rule:
+      :func:`emr_ray.hooks.ray_reuse.decide`. ``force_recompute`` reuses nothing.
+    - **Monitoring**: Jobs API hiccups are retried with backoff for ``monitor_retry_seconds``, in
+      both wait paths; when that runs out the task fails and the job runs on (a retry reattaches).
+      The job is stopped only on a kill, ``execution_timeout`` or ``pending_timeout``, and only by
+      the try that owns it (:mod:`emr_ray.operators.ray_ownership`).
+    - **Failures**: bad input (the job's exit 2) and a stopped job fail without retries; other
+      failures are retried (:func:`emr_ray.hooks.ray_wait.failure_of`).
 
     :param job_module: the cluster-side module to run, e.g. ``emr_ray.cluster.jobs.train``.
     :param spec: the job's spec (templated).
@@ -110,34 +74,26 @@ class RayJobOperator(BaseOperator):
     :param entrypoint_resources: custom resources the job's driver needs to start.
     :param poll_interval: the most seconds between two status polls (a young job is polled more often:
         :func:`emr_ray.hooks.ray_wait.poll_delay`).
-    :param pending_timeout: how long the job may stay PENDING (waiting for the driver's resources
-        or its runtime_env) before it is stopped and the task fails, naming what it waits for
-        (seconds or timedelta; default 30 minutes; None: no limit). The whole run is bounded by
-        ``execution_timeout``.
+    :param pending_timeout: how long the job may stay PENDING (waiting for the driver's resources or
+        its runtime_env) before it is stopped and the task fails, naming what it waits for (seconds
+        or timedelta; default 30 minutes; None: no limit).
     :param monitor_retry_seconds: how long to retry Jobs API calls that fail transiently (seconds or
         timedelta; default 600).
     :param force_recompute: do not reuse an earlier try's job, and tell the job to ignore stored
         results (templated: ``"{{ params.force_recompute }}"``).
     :param code: ``"ship"`` uploads the cluster-side ``emr_ray`` and the project's ``include/`` with
-        the job (``py_modules``, content-addressed: :mod:`emr_ray.hooks.ray_packages`), for a cluster
-        that lacks them; ``"installed"``: the cluster has them. Default: the ``ray`` connection's extra
-        ``code``, else ``"installed"``. Local ``py_modules`` / ``working_dir`` paths are always uploaded.
+        the job (:mod:`emr_ray.hooks.ray_packages`); ``"installed"``: the cluster has them. Default:
+        the ``ray`` connection's extra ``code``, else ``"installed"``.
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``); the job is stopped if ``execution_timeout`` runs out.
     :param defer_after: with ``deferrable``, watch the job from the task for this long before
-        deferring (seconds or timedelta, templated; default 0: defer at once). A job that ends by
-        then finishes in the same task process, without the trigger's round trip and the second
-        task start that resumes it; a job still running then defers as usual (its log continues
-        where the task left it). The task holds its worker slot while it watches: worth it only
-        where worker slots are plentiful (a live backfill with 4 slots ran slower watching 30 s:
-        ``bench/results/SUMMARY.md``).
+        deferring (seconds or timedelta, templated; default 0: defer at once, after one look). A job
+        that ends by then finishes in the same task process; the task holds its worker slot
+        meanwhile: worth it only where worker slots are plentiful (``docs/operations.md``).
     :param cos_conn_id: the ``cos`` connection used when the spec names ``cos://`` URIs; its endpoint
         goes into the spec, its credentials only into the job's environment.
     :param hdfs_conn_id: a ``webhdfs`` connection (the Apache HDFS provider's type) used when the spec
-        names ``hdfs://`` URIs: host and port of the NameNode's WebHDFS endpoint, login = the HDFS
-        user, extra ``use_ssl``; extra ``spark_over_webhdfs: true`` also sends Spark's ``hdfs://``
-        traffic to that endpoint (only for a WebHDFS-only endpoint such as the local stand-in, never
-        on a real cluster). Without it, ``hdfs://`` URIs use the NameNode's host on port 9870.
+        names ``hdfs://`` URIs (``docs/operations.md#hdfs``); without it, the NameNode's host on 9870.
     """
 
     template_fields: Sequence[str] = ("spec", "runtime_env", "force_recompute", "defer_after")
@@ -229,19 +185,14 @@ class RayJobOperator(BaseOperator):
         built = self.build_spec(context, identity)
         spec = built.to_dict() if not isinstance(built, dict) else built
         spec["identity"] = identity.tags()
-        text = json.dumps(spec)
-        if "cos://" in text:
-            spec.setdefault("storage", {})["cos"] = self._cos_settings[0]
-        if "hdfs://" in text:
-            from emr_ray.hooks.hdfs import WebHdfsSettingsHook
-
-            spec.setdefault("storage", {})["hdfs"] = WebHdfsSettingsHook(self.hdfs_conn_id).storage_settings()
+        if storage := self._storage.for_spec(json.dumps(spec)):
+            spec.setdefault("storage", {}).update(storage)
         return spec
 
     def job_secrets(self, context: Any, spec: Mapping[str, Any]) -> dict[str, str]:
         """Secret environment variables the job needs (name -> value): the COS keys when the spec
         reaches COS; subclasses add theirs (the MLflow login). Never put them in the spec."""
-        return dict(self._cos_settings[1]) if (spec.get("storage") or {}).get("cos") else {}
+        return self._storage.cos_secrets() if (spec.get("storage") or {}).get("cos") else {}
 
     def job_runtime_env(self, context: Any) -> dict[str, Any]:
         """Extra runtime_env for the job (subclasses add storage credentials as env vars)."""
@@ -293,7 +244,7 @@ class RayJobOperator(BaseOperator):
                 entrypoint_asks=self._entrypoint_asks(),
             ),
             method_name="execute_complete",
-            kwargs={"log_lines_printed": self._log_lines_printed},
+            kwargs={"log_lines_printed": self._job_watch.lines_printed},
         )
 
     def _defer_after_seconds(self) -> float:
@@ -320,15 +271,9 @@ class RayJobOperator(BaseOperator):
             raise
 
     @cached_property
-    def _cos_settings(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """The COS connection split into the spec's public part and the job's secret env vars (read
-        once: the spec and the job's environment both need it)."""
-        from emr_ray.cluster.storage import StorageOptions
-        from emr_ray.hooks.cos import COSHook
-
-        options = StorageOptions(**COSHook(self.cos_conn_id).pyarrow_s3_options())
-        secrets = {env: getattr(options, key) for key, env in COS_SECRET_ENV.items() if getattr(options, key)}
-        return options.public(), secrets
+    def _storage(self) -> StorageConnections:
+        """The task's storage connections, read once (:mod:`emr_ray.hooks.storage_settings`)."""
+        return StorageConnections(self.cos_conn_id, self.hdfs_conn_id)
 
     def spec_digest(self, spec: Mapping[str, Any], runtime_env: Mapping[str, Any]) -> str:
         """:func:`spec_digest` of this job: the module, the payload and the runtime_env it will get
@@ -350,35 +295,8 @@ class RayJobOperator(BaseOperator):
         return None
 
     def _storage_options(self, uri: str) -> Any:
-        """The full storage settings for ``uri`` on the Airflow side (COS keys included: never log or
-        send them); None for ``file://``."""
-        from emr_ray.cluster import storage
-
-        scheme = storage.split_uri(uri)[0]
-        if scheme == "cos":
-            public, secrets = self._cos_settings
-            keys: dict[str, Any] = {key: secrets.get(env) for key, env in COS_SECRET_ENV.items()}
-            return storage.StorageOptions(**public, **keys)
-        if scheme == "hdfs":
-            from emr_ray.hooks.hdfs import WebHdfsSettingsHook
-
-            return storage.StorageOptions(**WebHdfsSettingsHook(self.hdfs_conn_id).storage_settings())
-        return None
-
-    def _external_inputs(self, spec: Mapping[str, Any]) -> dict[str, str]:
-        """:meth:`external_inputs`, or, when they cannot be read, a record that says so: no job is
-        then reused on them, and the job reads them itself (refused keys, a missing partition: its
-        own error says which, without retries)."""
-        try:
-            return self.external_inputs(spec)
-        except Exception as e:
-            self.log.warning(
-                "Could not read this job's external inputs (%s: %s); an earlier try's job "
-                "is not reused on them",
-                type(e).__name__,
-                e,
-            )
-            return {"external inputs": f"{UNREADABLE}{type(e).__name__}"}
+        """The full storage options for ``uri`` on the Airflow side (never log or send them)."""
+        return self._storage.options_for(uri)
 
     def _reattach_or_submit(
         self,
@@ -394,8 +312,15 @@ class RayJobOperator(BaseOperator):
             runtime_env = merge_runtime_env(runtime_env, {"env_vars": {FORCE_ENV: "1"}})
             self.log.info("force_recompute: no earlier try's job is reused; the job ignores stored results")
         digest = self.spec_digest(spec, runtime_env)
-        external = self._external_inputs(spec)
-        choice = self._choose(identity, spec, digest, external, force)
+        external = ray_submit.external_inputs_or_why(lambda: self.external_inputs(spec), self.log)
+        choice = ray_submit.choose(
+            self.hook,
+            identity,
+            digest=digest,
+            external=external,
+            force=force,
+            stale=lambda raw: self.stale_result(spec, self.read_result(raw)),
+        )
         for note in choice.notes:
             self.log.info("%s", note)
         for superseded in choice.stop:
@@ -410,129 +335,40 @@ class RayJobOperator(BaseOperator):
                 choice.message,
             )
             return choice.submission_id
-        return self._submit(identity, spec, runtime_env, secrets or {}, digest, external)
-
-    def _choose(
-        self,
-        identity: TaskIdentity,
-        spec: Mapping[str, Any],
-        digest: str,
-        external: Mapping[str, str],
-        force: bool,
-    ) -> Choice:
-        """:func:`decide` on the tries' jobs as the Jobs API lists them, checking a finished job's
-        result when the decision asks (the one I/O it needs beyond the listing)."""
-        jobs: dict[str, dict[str, Any]] = {}
-        tries: list[TryJob] = []
-        for try_number in range(identity.try_number, 0, -1):
-            submission_id = dataclasses.replace(identity, try_number=try_number).submission_id()
-            if (job := self.hook.get_job(submission_id)) is not None:
-                jobs[submission_id] = job
-                tries.append(TryJob(try_number, submission_id, job["status"], job.get("metadata") or {}))
-        while True:
-            choice = decide(identity.try_number, tries, digest=digest, external=external, force=force)
-            if choice.action != CHECK_RESULT or choice.submission_id is None:
-                return choice
-            problem = self._result_problem(spec, choice.submission_id, jobs[choice.submission_id])
-            tries = [
-                dataclasses.replace(t, result_problem=problem)
-                if t.submission_id == choice.submission_id
-                else t
-                for t in tries
-            ]
-
-    def _result_problem(self, spec: Mapping[str, Any], submission_id: str, job: dict[str, Any]) -> str:
-        """Why a finished earlier job's result no longer stands ("" when it stands: :meth:`stale_result`)."""
-        try:
-            event = interpret_job(submission_id, dict(job), self.hook.get_job_logs(submission_id, job))
-            if event["status"] != "success":
-                return f"its result cannot be read ({event['message']})"
-            return self.stale_result(spec, self.read_result(event["result"])) or ""
-        except Exception as e:
-            return f"its result could not be checked ({type(e).__name__}: {e})"
-
-    def _submit(
-        self,
-        identity: TaskIdentity,
-        spec: dict[str, Any],
-        runtime_env: dict[str, Any],
-        secrets: Mapping[str, str],
-        digest: str,
-        external: Mapping[str, str],
-    ) -> str:
-        """Submit this try's job, its secrets (and the runtime_env's secret-looking variables) staged
-        apart from its runtime_env (:func:`emr_ray.hooks.ray_secrets.stage_for_job`)."""
-        submission_id = identity.submission_id()
-        runtime_env, moved = ray_secrets.stage_for_job(self.hook, runtime_env, secrets, self.log)
-        self.hook.submit_job(
-            entrypoint=entrypoint(self.job_module, spec),
-            submission_id=submission_id,
-            runtime_env=runtime_env,
-            metadata={
-                "airflow_dag_id": identity.dag_id,
-                "airflow_run_id": identity.run_id,
-                "airflow_task_id": identity.task_id,
-                "airflow_try_number": str(identity.try_number),
-                DIGEST_KEY: digest,
-                **({EXTERNAL_KEY: encode_external(external)} if external else {}),
-            },
+        return ray_submit.submit(
+            self.hook,
+            self.log,
+            identity,
+            self.job_module,
+            spec,
+            runtime_env,
+            secrets=secrets or {},
+            digest=digest,
+            external=external,
             entrypoint_num_cpus=self.entrypoint_num_cpus,
             entrypoint_resources=self.entrypoint_resources,
-            without_env_vars=moved,
         )
-        self.log.info(
-            "Submitted Ray job %s (%s, spec digest %s%s)",
-            submission_id,
-            self.job_module,
-            digest[:12],
-            "".join(f"; {name}: {value}" for name, value in sorted(external.items())),
-        )
-        return submission_id
 
-    _log_lines_printed = 0
+    @cached_property
+    def _job_watch(self) -> JobWatch:
+        """The polling wait path (:mod:`emr_ray.hooks.ray_watch`); a job stuck PENDING is stopped."""
+        return JobWatch(
+            hook=self.hook,
+            log=self.log,
+            stop=self._stop_quietly,
+            poll_interval=self.poll_interval,
+            pending_timeout=self.pending_timeout,
+            monitor_retry_seconds=self.monitor_retry_seconds,
+            entrypoint_asks=self._entrypoint_asks(),
+        )
 
     def _wait(
         self, submission_id: str, pending_deadline: float | None = None, *, until: float | None = None
     ) -> dict[str, Any] | None:
         """Poll the job until it ends (its XCom, or the failure), streaming its log; None when
         ``until`` (epoch seconds) comes first."""
-        while True:
-            try:
-                job = self.hook.get_job(submission_id)
-                logs = self.hook.get_job_logs(submission_id, job)
-                if staged := ray_secrets.staged_ref_of(job or {}):
-                    ray_secrets.renew(self.hook, staged)
-            except RayJobsApiError as e:
-                if not e.transient:
-                    raise
-                url = self.hook.job_url(submission_id)
-                raise RayMonitorLostError(
-                    lost_contact_message(submission_id, url, e, self.monitor_retry_seconds)
-                ) from e
-            self._log_lines_printed = self._print_new_lines(logs, self._log_lines_printed)
-            now = time.time()
-            step = next_step(job, now, pending_deadline=pending_deadline)
-            if step == FINISH:
-                return self._finish(interpret_job(submission_id, job, logs))
-            if step == PENDING_TIMEOUT:
-                assert job is not None
-                return self._finish(self._pending_timed_out(submission_id, job))
-            if until is not None and now >= until:
-                return None
-            delay = poll_delay(job, now, self.poll_interval)
-            time.sleep(delay if until is None else max(0.0, min(delay, until - now)))
-
-    def _pending_timed_out(self, submission_id: str, job: dict[str, Any]) -> dict[str, Any]:
-        """Stop a job that stayed PENDING too long; the event names what it waits for."""
-        self.log.warning("Ray job %s still PENDING after pending_timeout; stopping it", submission_id)
-        try:
-            resources: dict[str, Any] | None = self.hook.get_cluster_resources()
-        except RayClusterError:
-            resources = None
-        stopped = self._stop_quietly(submission_id)
-        return pending_timeout_event(
-            submission_id, job, resources, self.pending_timeout, stopped, self._entrypoint_asks()
-        )
+        event = self._job_watch.until_done(submission_id, pending_deadline, until=until)
+        return None if event is None else self._finish(event)
 
     def _entrypoint_asks(self) -> dict[str, float]:
         """What this job's driver is submitted with (the Jobs API does not show it back)."""
@@ -595,26 +431,8 @@ class RayJobOperator(BaseOperator):
         self._submission_id = event["submission_id"]
         self._own_submission_id = TaskIdentity.from_context(context).submission_id()
         if event.get("reason") not in ("monitor_lost", "auth"):
-            try:
-                logs = self.hook.get_job_logs(self._submission_id)
-                tail = max(0, len(logs.splitlines()) - _LOG_LINES_PER_POLL)
-                self._print_new_lines(logs, max(tail, log_lines_printed))
-            except RayClusterError as e:
-                self.log.warning("Could not fetch the job's log (%s); see the dashboard", e)
+            self._job_watch.print_tail(self._submission_id, log_lines_printed)
         return self._finish(event)
-
-    def _print_new_lines(self, logs: str, printed: int) -> int:
-        lines = logs.splitlines()
-        new = lines[printed:]
-        if len(new) > _LOG_LINES_PER_POLL:
-            self.log.info(
-                "... %d job log lines skipped (see the Ray dashboard) ...", len(new) - _LOG_LINES_PER_POLL
-            )
-            new = new[-_LOG_LINES_PER_POLL:]
-        for line in new:
-            if line.strip() and not line.startswith("Running entrypoint for job"):
-                self.log.info("[ray] %s", line)
-        return len(lines)
 
     def _stop_quietly(self, submission_id: str | None = None) -> bool:
         """Ask the cluster to stop the job (this try's by default); True if the stop was accepted."""
