@@ -86,9 +86,9 @@ def test_champion_and_new_model_are_each_scored_through_their_own_vocabulary(spe
 
     run = mlflow.MlflowClient(spec.mlflow.tracking_uri).create_run("1").info.run_id
     figures = compare.with_champion(spec, plan, None, run, challenger)
-    assert figures["champion_version"] == "1" and figures["rows"] == len(TEXTS)
-    assert figures["champion"]["test_accuracy"] == 1.0  # today's token ids would have misled it
-    assert figures["challenger"]["test_accuracy"] == 1.0
+    assert figures.champion_version == "1" and figures.rows == len(TEXTS)
+    assert figures.champion["test_accuracy"] == 1.0  # today's token ids would have misled it
+    assert figures.challenger["test_accuracy"] == 1.0
 
 
 def test_read_through_todays_ids_the_champion_would_be_wrong(plan):

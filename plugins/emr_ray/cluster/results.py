@@ -187,6 +187,26 @@ class SparkResult(JobResult):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ChampionScores(ResultPart):
+    """The new model and the champion scored on the same test rows (:mod:`emr_ray.cluster.jobs.compare`),
+    metric name to value on each side; ``champion_version`` None: there was no champion to score;
+    ``skipped``: why no comparison was made (the training stands, uncompared)."""
+
+    model_name: str
+    alias: str
+    champion_version: str | None = None
+    rows: int | None = None
+    champion: dict[str, float] = field(default_factory=dict)
+    challenger: dict[str, float] = field(default_factory=dict)
+    skipped: str | None = None
+
+    @property
+    def scored(self) -> bool:
+        """Whether both models were scored (a champion existed and nothing was skipped)."""
+        return self.skipped is None and self.champion_version is not None
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainResult(JobResult):
     """A training: its MLflow run, best checkpoint, metrics, and the inputs its checkpoints carry
     (``inputs_fingerprint``); ``reused`` when a finished training with these inputs was returned."""
@@ -200,7 +220,7 @@ class TrainResult(JobResult):
     epochs_completed: int = 0
     rows: dict[str, Any] | None = None
     fit_seconds: float | None = None
-    comparison: dict[str, Any] | None = None
+    comparison: ChampionScores | None = None
     inputs_fingerprint: str | None = None
     worker_group: PoolUse | None = None
     reused: bool | None = None

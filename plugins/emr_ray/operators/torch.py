@@ -174,10 +174,10 @@ class TorchTrainOperator(MLflowJobOperator):
         compare = spec.get("compare")
         if not compare:
             return None
-        comparison = result.comparison or {}
-        if comparison.get("skipped"):
-            return f"its comparison with {compare['model_name']}@{compare['alias']} was skipped ({comparison['skipped']})"
-        then = comparison.get("champion_version")
+        comparison = result.comparison
+        if comparison is not None and comparison.skipped:
+            return f"its comparison with {compare['model_name']}@{compare['alias']} was skipped ({comparison.skipped})"
+        then = comparison.champion_version if comparison is not None else None
         now = self._champion_version(compare["model_name"], compare["alias"])
         if (str(then) if then else None) == now:
             return None
@@ -203,21 +203,18 @@ class TorchTrainOperator(MLflowJobOperator):
                 self.log.info("Final %s: %.4f", epoch_metric, result.final_metrics[epoch_metric])
         self.log.info("MLflow run %s, best checkpoint %s", result.mlflow_run_id, result.checkpoint_uri)
         comparison = result.comparison
-        if comparison and comparison.get("skipped"):
+        if comparison is not None and comparison.skipped:
             self.log.warning(
-                "No comparison with %s@%s: %s",
-                comparison["model_name"],
-                comparison["alias"],
-                comparison["skipped"],
+                "No comparison with %s@%s: %s", comparison.model_name, comparison.alias, comparison.skipped
             )
-        elif comparison and comparison.get("champion_version"):
+        elif comparison is not None and comparison.scored:
             self.log.info(
                 "On the same %s test rows: %s v%s %s; new model %s",
-                comparison["rows"],
-                comparison["alias"],
-                comparison["champion_version"],
-                comparison["champion"],
-                comparison["challenger"],
+                comparison.rows,
+                comparison.alias,
+                comparison.champion_version,
+                comparison.champion,
+                comparison.challenger,
             )
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

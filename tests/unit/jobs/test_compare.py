@@ -19,7 +19,7 @@ import pytest
 from emr_ray.cluster import train as emr_train
 from emr_ray.cluster.jobs import compare, shards
 from emr_ray.cluster.promotion import comparison_from_run
-from emr_ray.cluster.results import TrainResult
+from emr_ray.cluster.results import ChampionScores, TrainResult
 from emr_ray.cluster.spec import CompareSection, MLflowSection, StorageSection, TrainJobSpec
 from include.models.tabular import build_model, evaluate
 
@@ -154,19 +154,17 @@ def test_both_models_are_scored_on_every_test_row_and_logged(
     table = compare.read_test_rows(plan, spec.storage.options())
     assert table.num_rows == 50
     assert result is not None
-    assert (result["model_name"], result["alias"], result["champion_version"], result["rows"]) == (
+    assert (result.model_name, result.alias, result.champion_version, result.rows) == (
         "champ", "champion", version, 50,
     )  # fmt: skip
     # the champion as MLflow loads it from the registry scores what the model it was logged from scores
-    assert result["champion"] == pytest.approx(evaluate(champion_model, spec.config, table))
-    assert result["challenger"] == pytest.approx(evaluate(challenger, spec.config, table))
-    assert set(result["champion"]) == {"test_loss", "test_accuracy"}
+    assert result.champion == pytest.approx(evaluate(champion_model, spec.config, table))
+    assert result.challenger == pytest.approx(evaluate(challenger, spec.config, table))
+    assert set(result.champion) == {"test_loss", "test_accuracy"}
     data = run_data(store, run_id)
     assert data.tags["compare.champion_version"] == version and data.tags["compare.rows"] == "50"
-    assert data.metrics["compare.champion.test_accuracy"] == pytest.approx(
-        result["champion"]["test_accuracy"]
-    )
-    assert data.metrics["compare.challenger.test_loss"] == pytest.approx(result["challenger"]["test_loss"])
+    assert data.metrics["compare.champion.test_accuracy"] == pytest.approx(result.champion["test_accuracy"])
+    assert data.metrics["compare.challenger.test_loss"] == pytest.approx(result.challenger["test_loss"])
     read_back = comparison_from_run(data.tags, data.metrics, model_name="champ", metric="test_accuracy")
     assert read_back is not None and read_back.rows == 50 and read_back.champion_version == version
 
@@ -175,7 +173,7 @@ def test_without_a_champion_nothing_is_scored_and_the_run_says_so(store: str, pl
     spec = spec_for(store, "never-registered")
     run_id = new_run(store)
     result = compare.with_champion(spec, plan, spec.storage.options(), run_id, build_model(spec.config))
-    assert result is not None and result["champion_version"] is None and result["champion"] == {}
+    assert result is not None and result.champion_version is None and result.champion == {}
     assert run_data(store, run_id).tags["compare.champion_version"] == "none"
 
 
@@ -190,7 +188,7 @@ def test_a_module_without_evaluate_skips_and_says_what_to_add(store: str, plan: 
     )  # a module without evaluate
     run_id = new_run(store)
     result = compare.with_champion(spec, plan, spec.storage.options(), run_id, None)
-    assert result is not None and "has no evaluate(model, config, table)" in result["skipped"]
+    assert result is not None and "has no evaluate(model, config, table)" in result.skipped
     assert "EvaluatingModule" in run_data(store, run_id).tags["compare.skipped"]
 
 
@@ -201,14 +199,14 @@ def test_a_champion_trained_on_other_columns_is_skipped_not_fatal(store: str, pl
     spec = spec_for(store, "narrow")
     run_id = new_run(store)
     result = compare.with_champion(spec, plan, spec.storage.options(), run_id, build_model(spec.config))
-    assert result is not None and "could not be scored on these rows" in result["skipped"]
+    assert result is not None and "could not be scored on these rows" in result.skipped
     data = run_data(store, run_id)
     assert (
         "compare.champion_version" not in data.tags and "could not be scored" in data.tags["compare.skipped"]
     )
 
 
-def stored_result(run_id: str, checkpoint_uri: str, comparison: dict | None) -> TrainResult:
+def stored_result(run_id: str, checkpoint_uri: str, comparison: ChampionScores | None) -> TrainResult:
     """A finished training's stored result, as a rerun with the same inputs reads it back."""
     return TrainResult(mlflow_run_id=run_id, tracking_uri="file:///mlruns", run_name="run",
                        checkpoint_uri=checkpoint_uri, final_metrics={}, comparison=comparison)  # fmt: skip
@@ -235,9 +233,9 @@ def test_a_reused_result_is_compared_again_only_when_the_champion_changed(
 
     second = register(store, "moving", champion_uri)  # another version (of the same model)
     again = compare.refresh(spec, stored, lambda: plan, spec.storage.options())
-    assert again is not None and again["champion_version"] == second != first
+    assert again is not None and again.champion_version == second != first
     # the challenger rebuilt from its checkpoint scores what it scored before
-    assert again["challenger"] == pytest.approx(comparison["challenger"])
+    assert again.challenger == pytest.approx(comparison.challenger)
     assert run_data(store, run_id).tags["compare.champion_version"] == second
 
 
@@ -265,7 +263,7 @@ def test_a_reused_result_whose_checkpoint_is_gone_stands_uncompared(
     run_id = new_run(store)
     stored = stored_result(run_id, (tmp_path / "gone").as_uri(), None)
     result = compare.refresh(spec, stored, lambda: plan, spec.storage.options())
-    assert result is not None and result["skipped"].startswith(
+    assert result is not None and result.skipped.startswith(
         "the stored model or its test rows cannot be read"
     )
     assert "cannot be read again" in run_data(store, run_id).tags["compare.skipped"]

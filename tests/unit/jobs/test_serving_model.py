@@ -101,9 +101,9 @@ def test_a_champion_with_another_vocabulary_is_scored_through_its_own(spec, plan
     log_champion(spec, swapped, None)
     run = __import__("mlflow").MlflowClient(spec.mlflow.tracking_uri).create_run("1").info.run_id
     figures = compare.with_champion(spec, plan, None, run, compare.as_scored(spec, perfect(), plan, None))
-    assert figures["champion_version"] == "1" and figures["rows"] == 12
-    assert figures["champion"]["test_accuracy"] == 1.0  # right through its own vocabulary
-    assert figures["challenger"]["test_accuracy"] == 1.0
+    assert figures.champion_version == "1" and figures.rows == 12
+    assert figures.champion["test_accuracy"] == 1.0  # right through its own vocabulary
+    assert figures.challenger["test_accuracy"] == 1.0
 
 
 def test_a_dataset_the_training_does_not_have_is_named_with_the_fix(plan):

@@ -223,7 +223,8 @@ def test_rank_0_logs_the_best_kept_checkpoint_ends_the_run_and_if_it_dies_the_dr
 
     from emr_ray.cluster.jobs import train_finish, train_mlflow
     from emr_ray.cluster.jobs.train_group import Rank0Lost
-    from emr_ray.cluster.jobs.train_warm import WarmTrainer
+    from emr_ray.cluster.jobs.train_warm import LastStep, WarmTrainer
+    from emr_ray.cluster.results import ChampionScores
     from emr_ray.cluster.storage import StorageOptions
 
     for epoch, loss in enumerate([0.5, 0.3, 0.4]):
@@ -233,10 +234,12 @@ def test_rank_0_logs_the_best_kept_checkpoint_ends_the_run_and_if_it_dies_the_dr
     trainer.last = {"epoch": 2, "test_loss": 0.4, "note": "not a number"}
     asked: list = []
 
+    scores = ChampionScores(model_name="tabular-mlp", alias="champion")  # no champion yet
+
     class Rank0Logs:
         def after_fit(self, fn, kwargs, env):
             asked.append((fn, kwargs))
-            return {"champion": None} if fn is train_finish.log_and_compare_stored else None
+            return scores if fn is train_finish.log_and_compare_stored else None
 
     class Rank0Dies:
         def after_fit(self, fn, kwargs, env):
@@ -247,7 +250,7 @@ def test_rank_0_logs_the_best_kept_checkpoint_ends_the_run_and_if_it_dies_the_dr
     assert asked[0][1]["checkpoint_path"] == logged.best_checkpoints[0][0].path
     assert int(logged.best_checkpoints[0][1]["epoch"]) == 1
     assert asked[1][1]["mlflow_run_id"] == "run-1" and asked[1][1]["final"] == {"epoch": 2, "test_loss": 0.4}
-    assert logged.finished == {"comparison": {"champion": None}, "ended": True}
+    assert logged.finished == LastStep(scores, ended=True)
     died = trainer.after_loop(Rank0Dies())  # type: ignore[arg-type]
     assert died.finished is None  # fit_and_log: the driver logs, compares and ends the run
     assert int(died.best_checkpoints[0][1]["epoch"]) == 1 and died.checkpoint is not None

@@ -60,7 +60,7 @@ from emr_ray.cluster.promotion import (
     TAG_COMPARE_VERSION,
     compare_metric,
 )
-from emr_ray.cluster.results import TrainResult
+from emr_ray.cluster.results import ChampionScores, TrainResult
 from emr_ray.cluster.reuse import record_value
 from emr_ray.cluster.spec import CompareSection, TrainJobSpec, import_by_path
 
@@ -79,13 +79,10 @@ def with_champion(
     challenger: Any,
     *,
     isolated: bool = False,
-) -> dict[str, Any] | None:
+) -> ChampionScores | None:
     """
-    Score the champion and ``challenger`` on the plan's test rows; log and return the figures.
-
-    Returns None when the spec asks for no comparison; else ``model_name``, ``alias`` and either
-    ``champion_version`` (None without a champion), ``rows``, ``champion`` and ``challenger``
-    (metric name to value), or ``skipped`` (why).
+    Score the champion and ``challenger`` on the plan's test rows; log and return the figures
+    (None when the spec asks for no comparison).
 
     :param spec: the training spec (its ``compare`` and ``mlflow`` parts, its ``config``).
     :param plan: the training's shard plan (its ``test`` entry lists the files).
@@ -100,16 +97,15 @@ def with_champion(
     if section is None:
         return None
     client = tracking.client(spec)
-    base = {"model_name": section.model_name, "alias": section.alias}
     try:
         figures = _compare(spec, section, plan, options, challenger, client, isolated)
     except Skipped as e:
-        return _record_skip(client, mlflow_run_id, section, base, str(e))
+        return _record_skip(client, mlflow_run_id, section, str(e))
     except Exception as e:  # a finished training is never failed by its comparison
         log.warning("Comparison with %s@%s failed", section.model_name, section.alias, exc_info=True)
-        return _record_skip(client, mlflow_run_id, section, base, f"{type(e).__name__}: {e}")
+        return _record_skip(client, mlflow_run_id, section, f"{type(e).__name__}: {e}")
     _record(client, mlflow_run_id, section, figures)
-    return base | figures
+    return ChampionScores(model_name=section.model_name, alias=section.alias, **figures)
 
 
 def refresh(
@@ -117,7 +113,7 @@ def refresh(
     result: TrainResult,
     plan_of: Callable[[], dict[str, Any]],
     options: storage.StorageOptions,
-) -> dict[str, Any] | None:
+) -> ChampionScores | None:
     """
     The comparison for a finished training whose stored result the job returns again.
 
@@ -138,14 +134,14 @@ def refresh(
     current = champion_version(tracking.client(spec), section)
     if (
         stored
-        and "skipped" not in stored
-        and (stored.get("model_name"), stored.get("alias")) == (section.model_name, section.alias)
-        and stored.get("champion_version") == current
+        and stored.skipped is None
+        and (stored.model_name, stored.alias) == (section.model_name, section.alias)
+        and stored.champion_version == current
     ):
         return stored
     log.info(
         "The stored comparison scored %s; %s@%s is now %s: scoring again on the same rows.",
-        f"v{stored.get('champion_version')}" if stored and stored.get("champion_version") else "no champion",
+        f"v{stored.champion_version}" if stored and stored.champion_version else "no champion",
         section.model_name,
         section.alias,
         f"v{current}" if current else "unset",
@@ -157,8 +153,7 @@ def refresh(
         )
     except Exception as e:  # a pruned generation or checkpoint: the stored result stands, uncompared
         reason = f"the stored model or its test rows cannot be read again ({type(e).__name__}: {e})"
-        base = {"model_name": section.model_name, "alias": section.alias}
-        return _record_skip(tracking.client(spec), result.mlflow_run_id, section, base, reason)
+        return _record_skip(tracking.client(spec), result.mlflow_run_id, section, reason)
     return with_champion(spec, plan, options, result.mlflow_run_id, challenger)
 
 
@@ -377,15 +372,13 @@ def _record(client: Any, mlflow_run_id: str, section: CompareSection, figures: d
     )
 
 
-def _record_skip(
-    client: Any, mlflow_run_id: str, section: CompareSection, base: dict[str, Any], reason: str
-) -> dict[str, Any]:
+def _record_skip(client: Any, mlflow_run_id: str, section: CompareSection, reason: str) -> ChampionScores:
     log.warning("Not comparing with %s@%s: %s", section.model_name, section.alias, reason)
     print(f"[emr_ray] comparison skipped: {reason}", flush=True)
     client.set_tag(
         mlflow_run_id, TAG_COMPARE_SKIPPED, record_value(TAG_COMPARE_SKIPPED, reason)
     )  # the version's too
-    return base | {"skipped": reason}
+    return ChampionScores(model_name=section.model_name, alias=section.alias, skipped=reason)
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:

@@ -30,7 +30,7 @@ from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group
 from emr_ray.cluster.jobs import compare as comparing
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs._runtime import JobInputError, main
-from emr_ray.cluster.results import TrainResult
+from emr_ray.cluster.results import ChampionScores, TrainResult
 from emr_ray.cluster.reuse import FORCE_ENV
 from emr_ray.cluster.spec import TrainJobSpec, import_by_path
 from emr_ray.cluster.warm import registry
@@ -261,7 +261,7 @@ class Fitted:
     best: Any
     final: dict[str, Any]
     seconds: float
-    comparison: dict[str, Any] | None = None
+    comparison: ChampionScores | None = None
 
 
 def fit_and_log(
@@ -284,13 +284,13 @@ def fit_and_log(
         best = best or result.checkpoint
         if best is None:
             raise RuntimeError(f"Training {spec.run_name} finished without a checkpoint; nothing to log.")
-        finished = getattr(result, "finished", None) or {}  # what a warm group's rank 0 did
-        if "comparison" in finished:
-            comparison = finished["comparison"]
+        finished = getattr(result, "finished", None)  # what a warm group's rank 0 did (LastStep)
+        if finished is not None:
+            comparison = finished.comparison
         else:
             comparison = train_finish.log_and_compare(spec, plan, options, mlflow_run_id, best)
         final = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
-        if not finished.get("ended"):
+        if not (finished and finished.ended):
             tracking.end_run(spec, mlflow_run_id, final, seconds)
     except BaseException:
         failed_run = mlflow_run_id or getattr(trainer, "mlflow_run_id", None)

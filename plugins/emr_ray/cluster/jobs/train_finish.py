@@ -23,6 +23,7 @@ from emr_ray.cluster.jobs import compare as comparing
 from emr_ray.cluster.jobs import shards
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs.train_checkpoints import StoredCheckpoint
+from emr_ray.cluster.results import ChampionScores
 from emr_ray.cluster.spec import TrainJobSpec
 
 
@@ -34,7 +35,7 @@ def log_and_compare(
     checkpoint: Any,
     *,
     isolated: bool = False,
-) -> dict[str, Any] | None:
+) -> ChampionScores | None:
     """Log ``checkpoint``'s model and the loss curve, then compare with the champion (``isolated``: in
     a process of its own, :func:`emr_ray.cluster.jobs.compare.with_champion`); returns the comparison
     (None when the spec asks for none)."""
@@ -57,7 +58,7 @@ def log_and_compare_stored(
     options: storage.StorageOptions,
     mlflow_run_id: str,
     checkpoint_path: str,
-) -> dict[str, Any] | None:
+) -> ChampionScores | None:
     """:func:`log_and_compare` for a checkpoint kept in the run's folder (a warm group's: the call
     passes its path, and rank 0 reads it with the call's storage options). Rank 0 serves the next
     jobs: the champion is scored in a process that ends with the call."""

@@ -30,13 +30,22 @@ from emr_ray.cluster import mlflow_auth, storage
 from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
-from emr_ray.cluster.results import PoolUse, TrainResult
+from emr_ray.cluster.results import ChampionScores, PoolUse, TrainResult
 from emr_ray.cluster.spec import TrainJobSpec
 from emr_ray.cluster.warm.policy import DEFAULT
 
 log = logging.getLogger("emr_ray.cluster.jobs.train")
 #: the longest a job's end waits for its usage to be logged (then the result stands without it)
 USAGE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class LastStep:
+    """What rank 0 did after the loop: the model logged and compared with the champion
+    (``comparison``, None when the spec asks for none), and whether it ended the run (``ended``)."""
+
+    comparison: ChampionScores | None
+    ended: bool = False
 
 
 @dataclass
@@ -48,9 +57,8 @@ class WarmFitResult:
     best_checkpoints: list[tuple[StoredCheckpoint, dict[str, Any]]]
     group: PoolUse | None = None
     error: BaseException | None = None
-    #: what rank 0 did after the loop: ``comparison`` (the model is logged: jobs/train_finish.py) and
-    #: ``ended`` (the run is FINISHED with its final metrics)
-    finished: dict[str, Any] | None = None
+    #: what rank 0 did after the loop (None: it did nothing, or died: the driver does it)
+    finished: LastStep | None = None
 
     def get_best_checkpoint(self, metric: str, mode: str) -> StoredCheckpoint | None:
         """The best kept checkpoint (ranked by the spec's score, which is what the job asks for)."""
@@ -158,7 +166,7 @@ class WarmTrainer(train_group.GroupCallback):
             }
             try:
                 comparison = call.after_fit(train_finish.log_and_compare_stored, kwargs, self.login)
-                finished = {"comparison": comparison, "ended": False}
+                finished = LastStep(comparison)
                 final = self.last or (latest[1] if latest else {})
                 end = {
                     "spec": self.spec,
@@ -167,7 +175,7 @@ class WarmTrainer(train_group.GroupCallback):
                     "fit_seconds": time.monotonic() - self._began,
                 }
                 call.after_fit(tracking.end_run, end, self.login)
-                finished["ended"] = True
+                finished = LastStep(comparison, ended=True)
             except train_group.Rank0Lost as e:
                 log.warning("%s; this job's driver does the rest of the run's last step", e)
         return WarmFitResult(
