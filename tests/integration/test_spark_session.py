@@ -42,6 +42,7 @@ def no_room_job(spec: dict[str, Any]) -> dict[str, Any]:
     from emr_ray.cluster.jobs import spark_session
     from emr_ray.cluster.jobs.spark_steps import spark_configs
     from emr_ray.cluster.spec import SparkSettings
+    from emr_ray.cluster.warm.policy import DEFAULT
 
     ray.init(address="auto", logging_level=logging.WARNING)
     cores = int(ray.cluster_resources().get("CPU", 0)) + 1
@@ -50,7 +51,7 @@ def no_room_job(spec: dict[str, Any]) -> dict[str, Any]:
     actor = (
         spark_session.WarmSpark.actor_class()
         .options(name=name, namespace=spark_session.NAMESPACE, lifetime="detached")
-        .remote(name, settings, spark_configs(), {}, 30, executors_wait_s=float(spec["wait_s"]))
+        .remote(name, settings, spark_configs(), {}, float(spec["wait_s"]), policy=DEFAULT.idle_after(30))
     )
     try:
         ray.get(actor.acquire.remote(0.0))
