@@ -208,7 +208,10 @@ def test_the_decision_names_both_models_scores_on_the_same_rows(
 
     comparison = trained["comparison"]
     assert (comparison["champion_version"], comparison["rows"]) == ("1", TEST_ROWS)
-    data = mlflow.MlflowClient(mlflow_conn.tracking_uri).get_run(trained["mlflow_run_id"]).data
+    run = mlflow.MlflowClient(mlflow_conn.tracking_uri).get_run(trained["mlflow_run_id"])
+    data, inputs = run.data, {item.dataset.name: item.dataset for item in run.inputs.dataset_inputs}
+    # MLflow's own view of the rows both were scored on: the test dataset's digest, named for v1
+    assert inputs[f"test scored with {name} v1"].digest == inputs["test"].digest
     champion_figure = data.metrics["compare.champion.test_accuracy"]
     challenger_figure = data.metrics["compare.challenger.test_accuracy"]
     assert data.tags["compare.rows"] == str(TEST_ROWS) and data.tags["compare.champion_version"] == "1"

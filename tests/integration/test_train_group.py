@@ -67,6 +67,9 @@ def test_a_warm_group_trains_the_same_model_as_ray_train_and_serves_the_next_tra
     assert first["best_metrics"]["epoch"] == min(range(3), key=lambda e: checkpoint_loss(first, e))
     group = first["worker_group"]
     assert group["name"] in live_groups(RayHook(ray_conn))
+    # MLflow itself shows the data each run trained on, whoever started the run: the same generations
+    shown = run_datasets(first)
+    assert shown == run_datasets(by_ray_train) and "train" in shown and all(shown.values())
 
     # the next training (another task, its checkpoints in COS) runs warm in the same group
     second_op = make_operator(staged, tmp_path, config, num_to_keep=1, worker_group="shared")
@@ -85,6 +88,14 @@ def test_a_warm_group_trains_the_same_model_as_ray_train_and_serves_the_next_tra
     fsys, path = storage.resolve(second["checkpoint_uri"], options)
     with fsys.open_input_stream(f"{path}/state.pt") as f:
         assert len(f.read()) > 1000  # the weights, uploaded whole with the call's COS keys
+
+
+def run_datasets(result: dict) -> dict[str, str]:
+    """The run's MLflow dataset inputs, name to digest."""
+    import mlflow
+
+    run = mlflow.MlflowClient(tracking_uri=result["tracking_uri"]).get_run(result["mlflow_run_id"])
+    return {item.dataset.name: item.dataset.digest for item in run.inputs.dataset_inputs}
 
 
 def checkpoint_loss(result: dict, epoch: int) -> float:

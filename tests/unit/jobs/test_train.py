@@ -117,7 +117,7 @@ def test_a_run_of_new_inputs_waits_for_an_abandoned_call_before_it_clears_the_ru
     class Started(Exception):
         """Where the test stops: the run is about to start training."""
 
-    def start_run(spec, resuming):
+    def start_run(spec, resuming, run_inputs=()):
         raise Started(resuming)
 
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # the job sets it: restored after

@@ -49,7 +49,7 @@ from typing import Any
 
 from emr_ray.cluster import storage
 from emr_ray.cluster import train as emr_train
-from emr_ray.cluster.jobs import clean_process, shards
+from emr_ray.cluster.jobs import clean_process, shards, train_datasets
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.promotion import (
     NO_CHAMPION,
@@ -104,7 +104,7 @@ def with_champion(
     except Exception as e:  # a finished training is never failed by its comparison
         log.warning("Comparison with %s@%s failed", section.model_name, section.alias, exc_info=True)
         return _record_skip(client, mlflow_run_id, section, f"{type(e).__name__}: {e}")
-    _record(client, mlflow_run_id, section, figures)
+    _record(client, mlflow_run_id, section, figures, plan)
     return ChampionScores(model_name=section.model_name, alias=section.alias, **figures)
 
 
@@ -351,7 +351,11 @@ def _evaluate_of(spec: TrainJobSpec) -> Callable[..., Any]:
     return evaluate
 
 
-def _record(client: Any, mlflow_run_id: str, section: CompareSection, figures: dict[str, Any]) -> None:
+def _record(
+    client: Any, mlflow_run_id: str, section: CompareSection, figures: dict[str, Any], plan: dict[str, Any]
+) -> None:
+    """The figures as the run's ``compare.*`` metrics and tags, and the rows both models were scored
+    on as an input of the run (:func:`train_datasets.log_compared_rows`)."""
     import mlflow
 
     tags = {
@@ -370,6 +374,10 @@ def _record(client: Any, mlflow_run_id: str, section: CompareSection, figures: d
     client.log_batch(
         mlflow_run_id, metrics=metrics, tags=[mlflow.entities.RunTag(k, v) for k, v in tags.items()]
     )
+    if figures["champion_version"] is not None:
+        train_datasets.log_compared_rows(
+            client, mlflow_run_id, plan, section.model_name, figures["champion_version"], figures["rows"]
+        )
 
 
 def _record_skip(client: Any, mlflow_run_id: str, section: CompareSection, reason: str) -> ChampionScores:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from emr_ray.cluster import mlflow_auth, partitions, retention, storage
-from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group
+from emr_ray.cluster.jobs import _usage, shards, train_datasets, train_finish, train_group
 from emr_ray.cluster.jobs import compare as comparing
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs._runtime import JobInputError, main
@@ -357,6 +357,10 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> TrainResult:
     _usage.lap("ray_connect")
     started = time.monotonic()
     plan = plan_datasets(spec, options, inputs)
+    # what MLflow shows of the run's data: the generations, their digests, schemas and rows
+    plan[train_datasets.PLAN_KEY] = [
+        item.to_dict() for item in train_datasets.describe(inputs, plan, options)
+    ]
     rows = planned_rows(plan, spec)
     log.info("Planned per-worker shards of %s rows in %.1fs", rows, time.monotonic() - started)
     _usage.lap("plan")
@@ -390,7 +394,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> TrainResult:
         )
         usage.by(trainer.log_usage)
     else:
-        record_run(mlflow_run_id := tracking.start_run(spec, resuming))
+        record_run(mlflow_run_id := tracking.start_run(spec, resuming, train_datasets.of_plan(plan)))
         if resuming:
             tracking.backfill_checkpointed_epochs(run_state.fsys, run_state.path, spec, mlflow_run_id)
         _usage.lap("mlflow_start")

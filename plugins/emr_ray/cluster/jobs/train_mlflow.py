@@ -15,15 +15,16 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from emr_ray.cluster import mlflow_auth, secrets
 from emr_ray.cluster import train as emr_train
-from emr_ray.cluster.jobs import train_checkpoints
+from emr_ray.cluster.jobs import train_checkpoints, train_datasets
 from emr_ray.cluster.jobs._runtime import JobInputError
+from emr_ray.cluster.jobs.train_datasets import RunInput
 from emr_ray.cluster.results import TrainResult
 from emr_ray.cluster.spec import MLflowSection, TrainJobSpec, import_by_path
 
@@ -75,10 +76,13 @@ def refused_as_input_error(spec: LogsToMLflow) -> Iterator[None]:
         ) from e
 
 
-def start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
-    """The MLflow run of this training: the stored one when resuming, else a new one with the params."""
+def start_run(spec: TrainJobSpec, resume_run_id: str | None, run_inputs: Sequence[RunInput] = ()) -> str:
+    """The MLflow run of this training: the stored one when resuming, else a new one with the params;
+    with its input datasets (:mod:`emr_ray.cluster.jobs.train_datasets`)."""
     with refused_as_input_error(spec):
-        return _start_run(spec, resume_run_id)
+        run_id = _start_run(spec, resume_run_id)
+        train_datasets.log_inputs(client(spec), run_id, list(run_inputs))
+        return run_id
 
 
 def _start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
@@ -112,7 +116,9 @@ def _start_run(spec: TrainJobSpec, resume_run_id: str | None) -> str:
     return run.info.run_id
 
 
-def begin_run(spec: TrainJobSpec, options: Any, resume_run_id: str | None) -> str:
+def begin_run(
+    spec: TrainJobSpec, options: Any, resume_run_id: str | None, run_inputs: Sequence[RunInput] = ()
+) -> str:
     """:func:`start_run`, and when resuming, :func:`backfill_checkpointed_epochs` from the run's folder
     (read with ``options``): the run's first step, as one call to a warm group's rank 0."""
     from emr_ray.cluster import storage
@@ -121,7 +127,7 @@ def begin_run(spec: TrainJobSpec, options: Any, resume_run_id: str | None) -> st
         from emr_ray.cluster.jobs import clean_process
 
         clean_process.prepare()
-    run_id = start_run(spec, resume_run_id)
+    run_id = start_run(spec, resume_run_id, run_inputs)
     if resume_run_id:
         fsys, path = storage.resolve(spec.run_uri, options)
         backfill_checkpointed_epochs(fsys, path, spec, run_id)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emr_ray.cluster import mlflow_auth, storage
-from emr_ray.cluster.jobs import _usage, shards, train_finish, train_group
+from emr_ray.cluster.jobs import _usage, shards, train_datasets, train_finish, train_group
 from emr_ray.cluster.jobs import train_mlflow as tracking
 from emr_ray.cluster.jobs.train_checkpoints import CheckpointStore, StoredCheckpoint
 from emr_ray.cluster.results import ChampionScores, PoolUse, TrainResult
@@ -134,7 +134,12 @@ class WarmTrainer(train_group.GroupCallback):
         this attempt exists. A retry in a fresh group keeps the run it started."""
         self._call, self.rank0 = call, call.rank0
         if self.mlflow_run_id is None:
-            kwargs = {"spec": self.spec, "options": self.options, "resume_run_id": self.resume_run_id}
+            kwargs = {
+                "spec": self.spec,
+                "options": self.options,
+                "resume_run_id": self.resume_run_id,
+                "run_inputs": train_datasets.of_plan(self.plan),
+            }
             self.mlflow_run_id = call.step(tracking.begin_run, kwargs, self.login)
             if self.resume_run_id:
                 log.info("Resuming MLflow run %s", self.mlflow_run_id)
