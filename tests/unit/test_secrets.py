@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from emr_ray.cluster import secrets
 
 
@@ -50,3 +52,15 @@ def test_a_record_never_holds_a_secret_named_value_and_stays_short():
     assert record_value("lr", 0.003) == "0.003"
     long = record_value("compare.skipped", "Traceback ...\n" * 1000)
     assert len(long) == RECORD_LIMIT and long.endswith("…")
+
+
+def test_the_job_copy_is_sealed_so_its_name_alone_reads_nothing():
+    """The GCS prints a pinned copy's name in its debug log: what the name leads to is the secrets
+    sealed with a one-time pad, which travels only with the name inside what the driver sends."""
+    blob = b'{"EMR_RAY_COS_SECRET_KEY": "local-demo-secret-key-not-for-production"}'
+    sealed, pad = secrets.seal(blob)
+    assert b"local-demo-secret" not in sealed and len(sealed) == len(blob)
+    assert secrets.unseal(sealed, pad) == blob
+    assert secrets.seal(blob)[1] != pad  # a pad is never reused
+    with pytest.raises(secrets.SecretsUnavailableError, match="does not match the pad"):
+        secrets.unseal(sealed, pad[:-2])

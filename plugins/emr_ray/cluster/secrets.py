@@ -11,11 +11,14 @@ environment. So secrets (COS keys, the MLflow login) never go there. Instead:
    it while the job waits in PENDING).
 2. The job's driver takes it at start (:func:`take`): reads it, deletes it (single use), puts the
    values into its own environment, and keeps a job-scoped copy for the job's other processes under
-   a random name it draws itself, so nothing public (the reference, the job's id) derives it.
-3. That name reaches a worker process of the job (Ray Train workers and controller, Ray Data tasks)
-   only inside what the driver sends it: every spec part, and :func:`carried` where no spec part
-   goes, pickles the name along and the worker adopts it when it unpickles them (never through a
-   runtime_env, which the runtime-env agent logs). The worker calls :func:`ensure_env` before it
+   a random name it draws itself, so nothing public (the reference, the job's id) derives it. The
+   copy is sealed with a one-time pad the driver draws too: the copy is pinned as a runtime-env URI,
+   and the GCS prints its pinned URIs in its own debug log, so its name may be read there; what the
+   name leads to is noise without the pad.
+3. That name and its pad reach a worker process of the job (Ray Train workers and controller, Ray
+   Data tasks) only inside what the driver sends it: every spec part, and :func:`carried` where no
+   spec part goes, pickles them along and the worker adopts them when it unpickles them (never
+   through a runtime_env, which the runtime-env agent logs). The worker calls :func:`ensure_env` before it
    reads a secret from its environment. The copy lives as long as the driver renews it (every
    minute, for :data:`COPY_TTL_SECONDS`) and is deleted when the driver exits, so a driver killed
    hard leaves nothing behind for long.
@@ -61,8 +64,9 @@ class SecretsUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class CopyName:
-    """The name of a job's secret copy, as it travels to the job's other processes: unpickling it in
-    a process makes the process know it (:func:`ensure_env` reads it there). Never printed."""
+    """The address of a job's secret copy (``<name>#<pad>``: its name and the one-time pad it is sealed
+    with), as it travels to the job's other processes: unpickling it in a process makes the process
+    know it (:func:`ensure_env` reads it there). Never printed."""
 
     ref: str
     key: str = field(repr=False)
@@ -108,8 +112,9 @@ def take() -> dict[str, str]:
     kv._internal_kv_del(ref)
     _export(blob)
     key = f"gcs://{COPY_PREFIX}{random_tokens.token_hex(24)}.zip"
-    _copy_names[ref] = key
-    kv._internal_kv_put(key, blob)
+    sealed, pad = seal(blob)
+    _copy_names[ref] = f"{key}#{pad}"
+    kv._internal_kv_put(key, sealed)
     _renew(key)
     _copies.append(key)
     atexit.register(_forget, key)
@@ -134,20 +139,37 @@ def ensure_env() -> None:
         return  # the driver before take(): take() is what exports them there
     from ray.experimental import internal_kv
 
-    key = _copy_names.get(ref)
-    if key is None:
+    address = _copy_names.get(ref)
+    if address is None:
         raise SecretsUnavailableError(
             "This process of the job was not handed the name of the job's secret copy: send it a spec "
             "part, or emr_ray.cluster.secrets.carried(), from the driver (the name never travels in a "
             "runtime_env)."
         )
-    blob = internal_kv._internal_kv_get(key)
-    if blob is None:
+    key, _, pad = address.partition("#")
+    sealed = internal_kv._internal_kv_get(key)
+    if sealed is None:
         raise SecretsUnavailableError(
             "This job's secrets are gone: its driver has exited or stopped renewing them. Retry the task."
         )
+    blob = unseal(sealed, pad)
     _export(blob)
     _taken[ref] = blob.decode()
+
+
+def seal(blob: bytes) -> tuple[bytes, str]:
+    """``blob`` sealed with a one-time pad of its own length (drawn here, never reused), and the pad
+    as hex: without the pad, the sealed bytes say nothing of the blob but its length."""
+    pad = random_tokens.token_bytes(len(blob))
+    return bytes(b ^ p for b, p in zip(blob, pad, strict=True)), pad.hex()
+
+
+def unseal(sealed: bytes, pad: str) -> bytes:
+    """What :func:`seal` sealed, with its pad."""
+    key = bytes.fromhex(pad)
+    if len(key) != len(sealed):
+        raise SecretsUnavailableError("The job's secret copy does not match the pad this process was handed.")
+    return bytes(b ^ p for b, p in zip(sealed, key, strict=True))
 
 
 def _connect():  # noqa: ANN202 - ray's internal_kv module

@@ -57,7 +57,21 @@ def _probe(names: list[str]) -> dict[str, Any]:
 
     handed = secrets.carried()
     digests = {"driver": _digests(names), "worker": ray.get(in_a_worker.remote(handed))}
-    return {**digests, "copy": hashlib.sha256(handed.key.encode()).hexdigest() if handed else None}
+    return {
+        **digests,
+        "copy": hashlib.sha256(handed.key.encode()).hexdigest() if handed else None,
+        "copy_by_name": _by_name(handed.key.partition("#")[0] if handed else None, names),
+    }
+
+
+def _by_name(name: str | None, names: list[str]) -> dict[str, bool]:
+    """What a holder of the cluster's token reads under the copy's name alone (the name the GCS's
+    debug log may print): whether it is there, and whether it holds any of the secrets in clear."""
+    from ray.experimental import internal_kv
+
+    raw = (internal_kv._internal_kv_get(name) if name else None) or b""
+    values = [os.environ[n].encode() for n in names if os.environ.get(n)]
+    return {"found": bool(raw), "holds_a_secret": any(value in raw for value in values)}
 
 
 def _spread(count: int) -> list[str]:
