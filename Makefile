@@ -19,7 +19,7 @@ test: setup lint
 # its own state folder, so it can run while `make test` runs
 unit: setup
 	@EMR_RAY_TEST_STATE=$(CURDIR)/.state/unit bash scripts/loopback.sh \
-		.venv/bin/python -m pytest tests/unit tests/dags $(PYTEST_ARGS)
+		.venv/bin/python -m pytest tests/unit tests/dags bench/checks $(PYTEST_ARGS)
 
 lint: setup
 	@.venv/bin/ruff check $(LINT_PATHS)

@@ -11,8 +11,8 @@ pools are sized for the cluster's CPUs (:func:`emr_ray.sizing.model.ray_pool_slo
 The run: ``--partitions`` raw partitions of ``--rows`` rows for the clean backfill and as many other
 dates for the faulted one. A one-date warm-up backfill starts the warm pools, so that neither pays
 for them; then the clean backfill runs; its wall time is the span over which the ``--faults``
-faults are drawn from ``--seed`` (:mod:`bench.chaos_schedule`; printed, and the same seed gives the
-same faults at the same points) and injected during the faulted backfill (:mod:`bench.chaos_faults`,
+faults are drawn from ``--seed`` (:mod:`devstack.chaos_schedule`; printed, and the same seed gives the
+same faults at the same points) and injected during the faulted backfill (:mod:`devstack.chaos_faults`,
 logged to ``chaos-<seed>-faults.jsonl``). Both backfills are raced alike, so that the ratio is the
 faults' alone: ``--reruns`` manual runs of their own dates, and ``--arrivals`` raw partitions of
 later dates landing in COS while they run, each found by ``retrain_on_arrival``'s asset watcher
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench._common import REPO, STATE, machine, write_json
-from bench.chaos_schedule import KINDS, draw
+from devstack.chaos_schedule import KINDS, draw
 from devstack.ports import free_port
 
 DAG_ID = "retrain_tabular"
@@ -69,8 +69,8 @@ def backfill(
 ) -> dict[str, Any]:
     """One backfill over ``dates`` through the REST API, waited for with the runs ``race`` starts
     while it runs (it returns their run ids); the wall time to the last run's end and the states."""
+    from devstack.airflow_client import backfill_runs, wait_for_runs
     from emr_ray.params import MAX_ACTIVE_RUNS
-    from tests.fixtures.airflow_live import backfill_runs, wait_for_runs
 
     raced: list[str] = []
     racer = (
@@ -146,36 +146,6 @@ def arrivals(
         time.sleep(2)
 
 
-def task_finder(api: Any) -> Callable[[str], dict[str, Any] | None]:
-    """For the injector: a running task instance's run, task and try, by its id (a Celery worker's
-    task runner names only the id; a retry gets another one, so it is looked up at the kill). In any
-    state: the worker's process may outlive its try's running state by a moment (the try deferred
-    or ended), and the kill still lands on that try."""
-
-    def find(ti_id: str) -> dict[str, Any] | None:
-        path = f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances?limit=1000"
-        for ti in api.call("GET", path, retries=2)["task_instances"]:
-            if ti["id"] == ti_id:
-                return {"run_id": ti["dag_run_id"], "task_id": ti["task_id"], "try_number": ti["try_number"]}
-        return None
-
-    return find
-
-
-def worker_recoveries(api: Any, fault_log: Any) -> list[dict[str, Any]]:
-    """How Airflow recovered each task a Celery worker was killed under: its run, task and try at
-    the kill (the fault's record), its last try and state (after the runs ended)."""
-    found = []
-    for line in fault_log.read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
-        killed = record.get("task") if record.get("kind") == "kill_celery_worker" else None
-        if killed:
-            last = api.task_instances(killed["run_id"]).get(killed["task_id"], {})
-            found.append(killed | {"killed_at_s": record["started_s"], "last_try": last.get("try_number"),
-                                   "state": last.get("state")})  # fmt: skip
-    return found
-
-
 def wait_until_quiet(stack: Any, quiet_s: float, timeout: float = 900) -> None:
     """Until no Ray job has run for ``quiet_s`` (the warm pools' idle timeout and lease timeout)."""
     import urllib.request
@@ -221,14 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     draw(seed, args.faults, 100, kinds)  # refuses unknown kinds before anything starts
     print(f"chaos: seed {seed}", flush=True)
 
-    from bench.chaos_faults import Injector
     from devstack.airflow import LocalAirflow, ray_pool_slots
+    from devstack.airflow_client import Api
+    from devstack.chaos_faults import Injector, task_finder, worker_recoveries
     from devstack.fault_proxy import FaultProxy
     from devstack.ray_head import add_worker_node
     from devstack.stack import LocalStack
     from emr_ray.audit import cli as audit
     from include.data import synthetic
-    from tests.fixtures.airflow_live import Api
 
     root = STATE / "chaos"
     shutil.rmtree(root, ignore_errors=True)

@@ -397,7 +397,7 @@ def backfill(
     from emr_ray.params import MAX_ACTIVE_RUNS
 
     max_active_runs = MAX_ACTIVE_RUNS_OF.get(contender, MAX_ACTIVE_RUNS)
-    from tests.fixtures.airflow_live import Api, backfill_runs, wait_for_runs
+    from devstack.airflow_client import Api, backfill_runs, wait_for_runs
 
     dates = [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
     cpus = float(cpus or stack.num_cpus)

@@ -1,7 +1,7 @@
 """The Retraining view's page for a year of daily partitions: how long the view model and the page
 (table and three inline SVG plots) take, on synthetic records (issue 34's target: under 1 s).
 
-Records are built in memory (``tests.fixtures.retraining_runs.synthetic_runs``: the operators' XCom
+Records are built in memory (``devstack.retraining_runs.synthetic_runs``: the operators' XCom
 shapes, a promotion whenever the new model beats the champion), so this measures the view alone,
 not the metadata database: ``build`` (records -> view model: rows, filters, sort, paging, champion)
 and ``render`` (view model -> HTML), for the default page (25 rows; the plots always cover every
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from bench._common import table, write_json
+from devstack.retraining_runs import MODEL, synthetic_runs
 from emr_ray.views import page
 from emr_ray.views.model import build_view
 from emr_ray.views.records import Registry
-from tests.fixtures.retraining_runs import MODEL, synthetic_runs
 
 TARGET_SECONDS = 1.0
 

@@ -33,7 +33,7 @@ from airflow.sdk import DAG, get_current_context, task
 
 from emr_ray.links.mlflow import MLflowModelVersionLink
 from emr_ray.links.ray import RayJobLink
-from tests.fixtures.retraining_runs import preprocess_result, register_result, train_result
+from devstack.retraining_runs import preprocess_result, register_result, train_result
 
 with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), tags=["retraining"]) as dag:
 

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from devstack.airflow import LocalAirflow
+from devstack.airflow_client import DAG_ID, Api
 from devstack.stack import LocalStack
-from tests.fixtures.airflow_live import DAG_ID, Api
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from devstack.airflow_client import DAG_ID
 from devstack.constants import BUCKET
 from emr_ray.hooks.cos import COSHook
-from tests.fixtures.airflow_live import DAG_ID
 
 pytestmark = pytest.mark.integration
 WATCHER_DAG = "retrain_on_arrival"

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from devstack.airflow_client import Api, failed_tasks, register_result, wait_for_runs
 from devstack.stack import LocalStack
-from tests.fixtures.airflow_live import Api, failed_tasks, register_result, wait_for_runs
 from tests.fixtures.pipeline import GOOD, WEAK
 
 pytestmark = pytest.mark.integration

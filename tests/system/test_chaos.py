@@ -5,7 +5,7 @@ processor: ``tests/system/conftest.py``) and the session's two-node Ray cluster.
 A backfill of three historical dates, three runs at a time with the ``ray_spark`` pool widened to 2,
 raced by a manual run of its first date; the third date has no raw data. While they run, three
 faults of three kinds, drawn from ``SEED`` over ``SPAN_S`` as the full soak draws them
-(:func:`bench.chaos_schedule.draw`) and injected by its injector (:mod:`bench.chaos_faults`): a Celery
+(:func:`devstack.chaos_schedule.draw`) and injected by its injector (:mod:`devstack.chaos_faults`): a Celery
 worker SIGKILLed mid-task with its task processes, the scheduler and the triggerer SIGKILLed, each
 started again after its drawn seconds, as Kubernetes restarts a pod. Deferred tasks wait in the
 triggerer, so a killed one's triggers move to the new one; a killed worker's task is failed by the
@@ -34,12 +34,8 @@ import urllib.request
 
 import pytest
 
-from bench.chaos import task_finder, worker_recoveries
-from bench.chaos_faults import Injector
-from bench.chaos_schedule import draw
 from devstack.airflow import LocalAirflow
-from devstack.stack import LocalStack
-from tests.fixtures.airflow_live import (
+from devstack.airflow_client import (
     DAG_ID,
     Api,
     backfill_runs,
@@ -49,6 +45,9 @@ from tests.fixtures.airflow_live import (
     spark_pool,
     wait_for_runs,
 )
+from devstack.chaos_faults import Injector, task_finder, worker_recoveries
+from devstack.chaos_schedule import draw
+from devstack.stack import LocalStack
 
 pytestmark = pytest.mark.integration
 RACE = ["2026-10-29", "2026-10-30"]  # raw data written here; no other test uses these dates

@@ -1,11 +1,11 @@
-"""The chaos soak's seeded fault schedule (``bench/chaos_schedule.py``): a seed replays the same faults at
+"""The chaos soak's seeded fault schedule (``devstack/chaos_schedule.py``): a seed replays the same faults at
 the same points; a short schedule draws different kinds; settings stay in their ranges."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.chaos_schedule import KINDS, draw
+from devstack.chaos_schedule import KINDS, draw
 
 
 def test_the_same_seed_draws_the_same_faults_at_the_same_points_and_another_seed_does_not():

@@ -9,12 +9,12 @@ import json
 
 import pytest
 
+from devstack.sizing_samples import COSTS, size_record
 from emr_ray.sizing.model import (
     Cluster,
     Costs,
     Line,
     Nodes,
-    RayTaskCost,
     Settings,
     assume_gpu_training,
     calibrate,
@@ -24,18 +24,6 @@ from emr_ray.sizing.model import (
 )
 
 ROWS = 200_000
-#: a partition's costs in the shape the local measurements have (seconds, CPU-seconds)
-COSTS = Costs(
-    preprocess=RayTaskCost(task=Line(8.0, 2.0), job=Line(6.0, 2.0), cpu_s=Line(4.0, 1.0)),
-    train=RayTaskCost(task=Line(12.0, 20.0), job=Line(10.0, 20.0), cpu_s=Line(18.0, 40.0)),
-    airflow_tasks={
-        "wait_for_partition": Line(3.0),
-        "check_cluster": Line(0.2),
-        "unless_dry_run": Line(0.1),
-        "register": Line(2.0),
-    },  # fmt: skip
-    gaps=Line(1.0),
-)
 SMALL = Cluster((Nodes(1, 12),))
 
 
@@ -136,20 +124,6 @@ def test_calibration_never_makes_the_gaps_negative():
 def test_bad_input_fails_naming_the_input_and_the_fix(build, match):
     with pytest.raises(ValueError, match=match):
         build()
-
-
-def size_record(rows: int, train_s: float, sensor_s: float, host_cpu_s: float | None = None) -> dict:
-    """One ``bench.pipeline.measure_size`` record, as much of it as the costs read."""
-
-    def ray_task(total: float, wall: float, cpu: float) -> dict:
-        usage = {"wall_seconds": wall, "cpu_seconds_reserved": cpu, "gpu_seconds_reserved": 0.0}
-        return {"airflow_start": 0.1, "read": wall / 2, "total": total, "usage": usage}
-
-    tasks = {"wait_for_partition": {"total": sensor_s}, "check_cluster": {"total": 0.1},
-             "preprocess": ray_task(6.0, 5.0, 3.5), "unless_dry_run": {"total": 0.1},
-             "train": ray_task(train_s, train_s - 1.0, 2 * (train_s - 2.0)), "register": {"total": 2.0}}  # fmt: skip
-    record = {"rows": rows, "tasks": tasks, "tasks_span_s": sum(t["total"] for t in tasks.values()) + 1.5}
-    return record | ({"host": {"cpu_s": host_cpu_s}} if host_cpu_s is not None else {})
 
 
 def test_costs_are_fitted_over_the_measured_sizes_and_never_fall_with_rows():

@@ -8,6 +8,14 @@ import time
 
 import pytest
 
+from devstack.retraining_runs import (
+    MODEL,
+    preprocess_result,
+    register_result,
+    run,
+    synthetic_runs,
+    train_result,
+)
 from emr_ray.views.model import (
     CHALLENGER,
     NO_DECISION,
@@ -20,14 +28,6 @@ from emr_ray.views.model import (
     task_kind,
 )
 from emr_ray.views.records import Registry, RunRecord
-from tests.fixtures.retraining_runs import (
-    MODEL,
-    preprocess_result,
-    register_result,
-    run,
-    synthetic_runs,
-    train_result,
-)
 
 PROMOTING = register_result("3", True, 0.93, 0.91, "2")
 KEEPING = register_result("4", False, 0.90, 0.93, "3")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
+from devstack.retraining_runs import MODEL, register_result, run, synthetic_runs
 from emr_ray.views import page
 from emr_ray.views.model import Filters, build_view
 from emr_ray.views.records import Registry
-from tests.fixtures.retraining_runs import MODEL, register_result, run, synthetic_runs
 
 
 class Cells(HTMLParser):

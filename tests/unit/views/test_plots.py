@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from devstack.retraining_runs import run, synthetic_runs
 from emr_ray.views import plots
 from emr_ray.views.model import build_view, partition_row
-from tests.fixtures.retraining_runs import run, synthetic_runs
 
 SVG = "{http://www.w3.org/2000/svg}"
 

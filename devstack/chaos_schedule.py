@@ -2,7 +2,7 @@
 
 Pure: the same seed, count, span and kinds give the same list (kind, second after the backfill
 started, parameters), so a rerun injects the same faults at the same points
-(``tests/unit/test_chaos_schedule.py``). What each kind does is :mod:`bench.chaos_faults`.
+(``tests/unit/test_chaos_schedule.py``). What each kind does is :mod:`devstack.chaos_faults`.
 """
 
 from __future__ import annotations

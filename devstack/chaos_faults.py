@@ -1,6 +1,7 @@
 """What each fault of the chaos soak does to the running local stack (the kinds of
-:mod:`bench.chaos_schedule`), and the thread that injects a schedule, logging each fault as one JSON
-line (the audit counts them by kind).
+:mod:`devstack.chaos_schedule`), and the thread that injects a schedule, logging each fault as one JSON
+line (the audit counts them by kind). The soak is ``bench.chaos``; its short version is
+``tests/system/test_chaos.py``: both use this injector.
 
 Every fault is undone as an operator's platform would undo it: a killed Airflow component or Celery
 worker is started again after ``down_s`` (as Kubernetes restarts a pod), the Ray worker node joins
@@ -25,8 +26,9 @@ from typing import Any
 
 import psutil
 
-from bench.chaos_schedule import Fault
 from devstack.airflow import CELERY_WORKERS, LocalAirflow
+from devstack.airflow_client import DAG_ID
+from devstack.chaos_schedule import Fault
 from devstack.fault_proxy import FaultProxy
 from devstack.ray_head import SECOND_NODE_PORTS, _ray_processes_in_this_namespace, add_worker_node
 from devstack.stack import LocalStack
@@ -290,3 +292,33 @@ def _running_task(worker_pid: int) -> str | None:
         if title.startswith("airflow worker -- "):
             return title.removeprefix("airflow worker -- ")
     return None
+
+
+def task_finder(api: Any) -> Callable[[str], dict[str, Any] | None]:
+    """For the injector: a running task instance's run, task and try, by its id (a Celery worker's
+    task runner names only the id; a retry gets another one, so it is looked up at the kill). In any
+    state: the worker's process may outlive its try's running state by a moment (the try deferred
+    or ended), and the kill still lands on that try."""
+
+    def find(ti_id: str) -> dict[str, Any] | None:
+        path = f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances?limit=1000"
+        for ti in api.call("GET", path, retries=2)["task_instances"]:
+            if ti["id"] == ti_id:
+                return {"run_id": ti["dag_run_id"], "task_id": ti["task_id"], "try_number": ti["try_number"]}
+        return None
+
+    return find
+
+
+def worker_recoveries(api: Any, fault_log: Any) -> list[dict[str, Any]]:
+    """How Airflow recovered each task a Celery worker was killed under: its run, task and try at
+    the kill (the fault's record), its last try and state (after the runs ended)."""
+    found = []
+    for line in fault_log.read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        killed = record.get("task") if record.get("kind") == "kill_celery_worker" else None
+        if killed:
+            last = api.task_instances(killed["run_id"]).get(killed["task_id"], {})
+            found.append(killed | {"killed_at_s": record["started_s"], "last_try": last.get("try_number"),
+                                   "state": last.get("state")})  # fmt: skip
+    return found

@@ -1,4 +1,5 @@
-"""The pipeline benchmark's accounting (``bench/pipeline.py``): ``airflow dags test`` starts its in-process
+"""The pipeline benchmark's accounting (``bench/pipeline.py``), checked beside it (the provider's tests never
+import ``bench/``): ``airflow dags test`` starts its in-process
 execution API when its first task starts; those seconds are the harness's, not the first task's."""
 
 from __future__ import annotations
