@@ -62,3 +62,24 @@ def test_provider_info_matches_airflows_schema():
     schema = json.loads(files("airflow").joinpath("provider_info.schema.json").read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     jsonschema.Draft7Validator(schema).validate(get_provider_info())
+
+
+def test_the_tests_and_the_benchmarks_never_import_each_other():
+    """What both need lives in ``devstack/`` (the live Airflow's client, fault injection, samples): a
+    benchmark never depends on a test's helpers, and no test breaks when a benchmark changes."""
+    import ast
+
+    def imported(folder: str) -> dict[str, set[str]]:
+        found = {}
+        for path in (REPO / folder).rglob("*.py"):
+            roots = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    roots.add(node.module.split(".")[0])
+                elif isinstance(node, ast.Import):
+                    roots |= {alias.name.split(".")[0] for alias in node.names}
+            found[path.relative_to(REPO).as_posix()] = roots
+        return found
+
+    assert sorted(path for path, roots in imported("tests").items() if "bench" in roots) == []
+    assert sorted(path for path, roots in imported("bench").items() if "tests" in roots) == []
