@@ -265,6 +265,8 @@ class LocalStack:
         transport = {"type": "file", "log_file_path": str(self.root / "openlineage.jsonl"), "append": True}
         return self.airflow_env(sqlite=True) | {
             "EMR_RAY_DEADLINES": "off",
+            # no executor runs a dags-test task, so no executor report can race its trigger
+            "AIRFLOW__EMR_RAY__DEFERRAL_SETTLE_SECONDS": "0",
             "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
             "AIRFLOW__OPENLINEAGE__NAMESPACE": "emr-ray-local",
         }

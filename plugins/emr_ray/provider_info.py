@@ -149,4 +149,21 @@ def get_provider_info() -> dict:
             "emr_ray.links.mlflow.MLflowModelVersionLink",
             "emr_ray.links.cos.COSObjectLink",
         ],
+        "config": {
+            "emr_ray": {
+                "description": "The EMR Ray provider's settings.",
+                "options": {
+                    "deferral_settle_seconds": {
+                        "description": "How long after a Ray task defers its trigger holds a finished "
+                        "job's event, so that the event never arrives before the executor has reported "
+                        "the deferring process's exit (a race that fails the resumed task). 0 where no "
+                        "executor runs the task (airflow dags test).",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": None,
+                        "default": "5",
+                    },
+                },
+            },
+        },
     }

@@ -71,3 +71,17 @@ def test_every_connection_type_names_a_hook_that_exists():
 
 def test_the_version_is_the_package_version():
     assert get_provider_info()["versions"] == [emr_ray.__version__]
+
+
+def test_the_provider_info_is_valid_for_airflow_and_every_setting_has_a_default_of_its_type():
+    import json
+    from importlib.resources import files
+
+    import jsonschema
+
+    schema = json.loads(files("airflow").joinpath("provider_info.schema.json").read_text())
+    info = get_provider_info()
+    jsonschema.validate(info, schema)
+    for section in info["config"].values():
+        for option in section["options"].values():
+            {"float": float, "integer": int, "string": str}[option["type"]](option["default"])

@@ -23,7 +23,7 @@ from emr_ray.exceptions import RayClusterError, RayJobInputError
 from emr_ray.hooks import ray_submit
 from emr_ray.hooks.ray import RayHook, merge_runtime_env
 from emr_ray.hooks.ray_reuse import REATTACH, REFUSE
-from emr_ray.hooks.ray_wait import entrypoint_asks, failure_of
+from emr_ray.hooks.ray_wait import DEFERRAL_SETTLE_SECONDS, entrypoint_asks, failure_of
 from emr_ray.hooks.ray_watch import JobWatch
 from emr_ray.hooks.storage_settings import StorageConnections
 from emr_ray.identity import TaskIdentity, tenant_of
@@ -242,6 +242,8 @@ class RayJobOperator(BaseOperator):
                 pending_timeout=self.pending_timeout,
                 monitor_retry_seconds=self.monitor_retry_seconds,
                 entrypoint_asks=self._entrypoint_asks(),
+                answer_after=time.time()
+                + conf.getfloat("emr_ray", "deferral_settle_seconds", fallback=DEFERRAL_SETTLE_SECONDS),
             ),
             method_name="execute_complete",
             kwargs={"log_lines_printed": self._job_watch.lines_printed},

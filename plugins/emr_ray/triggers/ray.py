@@ -30,6 +30,7 @@ from emr_ray.hooks.ray_wait import (
     next_step,
     pending_timeout_event,
     poll_delay,
+    settle_delay,
 )
 
 
@@ -46,6 +47,8 @@ class RayJobTrigger(BaseTrigger):
     :param monitor_retry_seconds: how long to retry a Jobs API call that fails transiently.
     :param entrypoint_asks: what the job's driver was submitted with (``{"CPU": 1, "custom": 1}``),
         named when it stays PENDING.
+    :param answer_after: epoch seconds before which a finished job's event is held, so that it never
+        meets Airflow's deferral race (:data:`emr_ray.hooks.ray_wait.DEFERRAL_SETTLE_SECONDS`).
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class RayJobTrigger(BaseTrigger):
         pending_timeout: float | None = None,
         monitor_retry_seconds: float = 0.0,
         entrypoint_asks: dict[str, float] | None = None,
+        answer_after: float | None = None,
     ) -> None:
         super().__init__()
         self.submission_id = submission_id
@@ -69,6 +73,7 @@ class RayJobTrigger(BaseTrigger):
         self.pending_timeout = pending_timeout
         self.monitor_retry_seconds = monitor_retry_seconds
         self.entrypoint_asks = entrypoint_asks
+        self.answer_after = answer_after
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -82,6 +87,7 @@ class RayJobTrigger(BaseTrigger):
                 "pending_timeout": self.pending_timeout,
                 "monitor_retry_seconds": self.monitor_retry_seconds,
                 "entrypoint_asks": self.entrypoint_asks,
+                "answer_after": self.answer_after,
             },
         )
 
@@ -120,6 +126,7 @@ class RayJobTrigger(BaseTrigger):
                         job, time.time(), deadline=self.deadline, pending_deadline=self.pending_deadline
                     )
                     if step == FINISH:
+                        await asyncio.sleep(settle_delay(self.answer_after, time.time()))
                         logs = await jobs.get_job_logs(self.submission_id, job)
                         yield TriggerEvent(interpret_job(self.submission_id, job, logs))
                         return

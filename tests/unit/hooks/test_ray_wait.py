@@ -203,3 +203,15 @@ def test_a_driver_whose_node_agent_has_no_http_port_fails_at_once_naming_the_por
 )
 def test_logs_are_asked_for_when_the_job_does_not_say_they_are_unreachable(job):
     assert unreadable_logs("j1", job) is None
+
+
+@pytest.mark.parametrize(
+    ("answer_after", "now", "held"),
+    [(None, 100.0, 0.0), (0.0, 100.0, 0.0), (103.5, 100.0, 3.5), (100.0, 100.0, 0.0), (90.0, 100.0, 0.0)],
+)
+def test_a_trigger_holds_a_finished_jobs_event_until_the_deferral_has_settled(answer_after, now, held):
+    """Airflow fails a resumed task whose trigger answered before the executor reported the deferring
+    process's exit: the trigger answers no earlier than ``answer_after`` (docs/reliability.md)."""
+    from emr_ray.hooks.ray_wait import settle_delay
+
+    assert settle_delay(answer_after, now) == held

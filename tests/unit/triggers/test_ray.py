@@ -17,15 +17,17 @@ def rebuild(trigger: RayJobTrigger) -> RayJobTrigger:
 def test_serialize_round_trips_every_setting():
     trigger = RayJobTrigger(submission_id="airflow-x-t1", ray_conn_id="ray_default", poll_interval=2.0,
                             deadline=1_800_000_000.0, pending_deadline=1_700_000_000.0, pending_timeout=1800.0,
-                            monitor_retry_seconds=600.0)  # fmt: skip
+                            monitor_retry_seconds=600.0, answer_after=1_700_000_005.0)  # fmt: skip
     path, kwargs = trigger.serialize()
     assert path == "emr_ray.triggers.ray.RayJobTrigger"
     assert rebuild(trigger).serialize() == (path, kwargs)
     assert kwargs["monitor_retry_seconds"] == 600.0 and kwargs["pending_deadline"] == 1_700_000_000.0
+    assert kwargs["answer_after"] == 1_700_000_005.0
 
 
 def test_a_trigger_stored_by_the_previous_version_still_rebuilds():
-    """Deferred tasks survive an upgrade: the old kwargs lack the pending deadline and the retry budget."""
+    """Deferred tasks survive an upgrade: the old kwargs lack the pending deadline, the retry budget and
+    the settle."""
     old = {
         "submission_id": "airflow-x-t1",
         "ray_conn_id": "ray_default",
@@ -34,3 +36,4 @@ def test_a_trigger_stored_by_the_previous_version_still_rebuilds():
     }
     trigger = RayJobTrigger(**old)
     assert trigger.pending_deadline is None and trigger.monitor_retry_seconds == 0.0
+    assert trigger.answer_after is None  # answers as soon as the job ends
