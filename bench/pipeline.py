@@ -408,6 +408,7 @@ def backfill(
         api.unpause_once_parsed(DAG_ID, timeout_s=300)  # once the DAG processor parsed it
         body = {"dag_id": DAG_ID, "from_date": f"{dates[0]}T00:00:00Z", "to_date": f"{dates[-1]}T00:00:00Z",
                 "reprocess_behavior": "completed", "max_active_runs": max_active_runs, "dag_run_conf": conf or {}}  # fmt: skip
+        airflow_cpu_before = airflow.cpu_seconds()
         started = time.time()
         created = api.call("POST", "/api/v2/backfills", body)
         runs = list(backfill_runs(api, dates).values())
@@ -421,6 +422,7 @@ def backfill(
         except AssertionError:
             pass  # already closed
         api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
+        airflow_cpu = cpu_spent(airflow_cpu_before, airflow.cpu_seconds())
     finally:
         airflow.stop()
     jobs = ray_jobs(stack, set(finished))
@@ -453,7 +455,15 @@ def backfill(
         "lanes": by_lane,
         "ceiling": utilisation_ceiling(reserved, cpus, by_lane),
         "load1_end": round(os.getloadavg()[0], 2),
+        "airflow_cpu_seconds": airflow_cpu,
+        "airflow_cpu_seconds_per_partition": round(sum(airflow_cpu.values()) / days, 1),
+        "cluster_cpu_seconds_per_partition": round(reserved / days, 1),
     }
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Each Airflow component's CPU-seconds between two readings of ``LocalAirflow.cpu_seconds``."""
+    return {name: round(after[name] - before.get(name, 0.0), 1) for name in after}
 
 
 # -- output -----------------------------------------------------------------------------------------
@@ -512,6 +522,10 @@ def report(result: dict[str, Any]) -> str:
             f"{b['ray_pool_slots']} slot(s) each; max_active_runs {b['max_active_runs']}); no Ray job "
             f"running for {b['idle_s']:.0f} s of the {b['wall_s']:.0f} s",
         ]
+        if "airflow_cpu_seconds" in b:
+            text.append(f"- Airflow's own processes used {b['airflow_cpu_seconds_per_partition']:.1f} CPU-s per "
+                        f"partition ({b['airflow_cpu_seconds']}), the cluster's jobs reserved "
+                        f"{b['cluster_cpu_seconds_per_partition']:.1f}")  # fmt: skip
         for task_id, lane in b.get("lanes", {}).items():
             text.append(f"- {task_id}'s warm pool: busy {lane['busy_share']:.0%} of the wall ({lane['calls']} calls, "
                         f"{lane['busy_s']:.0f} s); idle between calls {lane['not_submitted_s']:.0f} s before the next "

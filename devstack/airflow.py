@@ -223,6 +223,11 @@ class LocalAirflow:
             raise RuntimeError(f"Airflow {name} is not running (exit {process.returncode})")
         return process.pid
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU-seconds each component's processes have used so far (user + system), task processes
+        included: a component's live processes and every child they reaped (:func:`tree_cpu_seconds`)."""
+        return {name: tree_cpu_seconds(process.pid) for name, process in self.processes.items()}
+
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """Take component ``name`` down as a crash would (a killed pod): ``sig`` to its main process and
         every process under it (LocalExecutor workers, task supervisors and task runners, the trigger
@@ -283,6 +288,18 @@ def _tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU-seconds of process ``pid`` and its descendants: each live one's own user + system time plus
+    what its reaped children used (the kernel adds a child's times to its parent's when the parent
+    waits for it). A process that ended unreaped, or whose parent died first, is not counted."""
+    total = 0.0
+    for process in _tree(pid):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def _signal_tree(pid: int, sig: signal.Signals) -> None:

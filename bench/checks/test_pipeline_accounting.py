@@ -49,3 +49,11 @@ def test_the_ceiling_is_the_utilisation_with_the_busiest_lane_never_idle():
     lanes = {"preprocess": {"busy_s": 20.0}, "train": {"busy_s": 50.0}}
     assert utilisation_ceiling(120.0, 3.0, lanes) == {"lane": "train", "busy_s": 50.0, "utilisation": 0.8}
     assert utilisation_ceiling(120.0, 3.0, {}) == {}  # the cold path: no warm lane
+
+
+def test_airflows_cpu_seconds_are_each_components_difference_between_two_readings():
+    from bench.pipeline import cpu_spent
+
+    before = {"scheduler": 10.0, "triggerer": 2.0}
+    after = {"scheduler": 25.5, "triggerer": 2.4, "worker-1": 7.0}  # a component started in between
+    assert cpu_spent(before, after) == {"scheduler": 15.5, "triggerer": 0.4, "worker-1": 7.0}
