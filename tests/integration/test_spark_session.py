@@ -212,12 +212,13 @@ def test_a_warm_session_serves_the_next_partition_with_its_own_credentials_and_w
 
 
 def test_bad_input_keeps_the_session_a_killed_one_is_replaced_two_jobs_at_once_both_finish_and_an_idle_one_stops(
-    ray_conn, cos_conn, cos_prefix
+    ray_conn, cos_server, cos_conn, cos_prefix
 ):
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
+    from devstack.constants import SECRET_ID, SECRET_KEY
     from emr_ray.hooks.cos import COSHook
 
     hook = COSHook(cos_conn)
@@ -226,6 +227,7 @@ def test_bad_input_keeps_the_session_a_killed_one_is_replaced_two_jobs_at_once_b
     bad = make_partition("2026-10-06", ROWS)
     values = bad["f03"].to_numpy().copy()
     values[[3, 9]] = np.nan
+    values[40] = np.inf
     upload(
         hook,
         cos_prefix,
@@ -236,9 +238,15 @@ def test_bad_input_keeps_the_session_a_killed_one_is_replaced_two_jobs_at_once_b
 
     first = preprocess(cos_prefix, "2026-10-05", "shared", tag, spark_idle_timeout=8)
     name = first["spark_session"]["name"]
-    # bad values are found by Spark inside the session: the input's fault, named, no retry; the session stays
-    with pytest.raises(RayJobFailedError, match=r"dt=2026-10-06 failed validation: column 'f03' has 2 NaN"):
+    # bad values (NaN and infinity) are found by Spark inside the session: the input's fault, named,
+    # no retry, nothing committed; the session stays
+    with pytest.raises(
+        RayJobFailedError, match=r"dt=2026-10-06 failed validation: column 'f03' has 3 NaN or infinite"
+    ):
         preprocess(cos_prefix, "2026-10-06", "shared", tag, spark_idle_timeout=8)
+    options = storage.StorageOptions(endpoint_override=cos_server.endpoint, scheme="http", region=REGION,
+                                     access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
+    assert partitions.current(f"cos://{BUCKET}/{cos_prefix}staged/dt=2026-10-06", options) is None
     again = preprocess(cos_prefix, "2026-10-05", "shared", tag, spark_idle_timeout=8)
     kept = ("name", "start_seconds")
     assert {k: again["spark_session"][k] for k in kept} == {k: first["spark_session"][k] for k in kept}
