@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,11 @@ print(json.dumps({"rows": out.rows, "seconds": done - started, "startup_seconds"
 
 
 def run(script: str, *args: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True)
+    """``script`` in a fresh Python on this tree's code (``plugins/`` ahead of any installed copy)."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True, env=env
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
