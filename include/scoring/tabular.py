@@ -61,6 +61,18 @@ def predict_classes(model: Predictor, x: np.ndarray) -> np.ndarray:
     return np.asarray(model.predict(x)).argmax(axis=1)
 
 
+def predict_batch(model: Predictor, batch: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The batch scoring job's step (``RayBatchPredictOperator(predict=...)``): for a batch of rows
+    (column name to numpy array), the class with the highest score. The features are
+    ``config["feature_columns"]``, else every column but the label."""
+    import numpy as np
+
+    label = config.get("label_column", LABEL_COLUMN)
+    features = config.get("feature_columns") or [c for c in batch if c not in (label, PREDICTION_COLUMN)]
+    x = np.column_stack([np.asarray(batch[c]) for c in features]).astype(np.float32)
+    return {PREDICTION_COLUMN: predict_classes(model, x)}
+
+
 def score_partition(
     staging_uri: str,
     partition: str,

@@ -130,6 +130,7 @@ def get_provider_info() -> dict:
                     "emr_ray.operators.raydp",
                     "emr_ray.operators.torch",
                     "emr_ray.operators.rllib",
+                    "emr_ray.operators.predict",
                     "emr_ray.operators.mlflow_job",
                 ],
             },

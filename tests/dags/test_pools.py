@@ -7,6 +7,7 @@ import pytest
 
 from devstack.airflow import POOLS, ray_pool_slots
 from emr_ray.operators.mlflow import MLflowRegisterOperator
+from emr_ray.operators.predict import RayBatchPredictOperator
 from emr_ray.operators.ray import RayJobOperator
 from emr_ray.operators.raydp import RayDPSparkOperator
 from emr_ray.params import PROMOTION_POOL, SPARK_POOL, TRAIN_POOL
@@ -19,7 +20,7 @@ def dags(dagbag):
 
 
 def expected_pool(task) -> str | None:
-    if isinstance(task, RayDPSparkOperator):
+    if isinstance(task, RayDPSparkOperator | RayBatchPredictOperator):  # data work: the Spark lane
         return SPARK_POOL
     if isinstance(task, RayJobOperator):  # every other Ray job of the DAGs trains
         return TRAIN_POOL

@@ -125,13 +125,25 @@ def test_registration_emits_the_model_asset_event(runs):
     assert any(str(e["version"]) == "1" and e["promoted"] and e["value"] > 0.8 for e in extras)
 
 
-def test_downstream_scoring_dag_uses_the_champion(stack, runs, registry):
+def test_downstream_scoring_dag_scores_on_the_cluster_with_the_champion(stack, runs, registry):
+    """``score_tabular`` resolves the champion once and scores its test rows on the Ray cluster
+    (``RayBatchPredictOperator``): the predictions generation holds every input row, once, each with
+    its prediction, made by that version, and records which input generation it read."""
+    import pyarrow.parquet as pq
+
     run = dags_test(stack, GOOD, dag_id="score_tabular")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    manifest = partitions.require_current(
-        storage.join(stack.staging_uri, "predictions", f"dt={GOOD}")
-    ).manifest
-    staged = partitions.require_current(storage.join(stack.staging_uri, "tabular", f"dt={GOOD}")).manifest
-    assert manifest["rows"] == staged["outputs"]["test"]["rows"]
-    assert manifest["version"] == registry.get_model_version_by_alias("tabular-mlp", "champion").version
-    assert manifest["accuracy"] > 0.8
+    scored = partitions.require_current(storage.join(stack.staging_uri, "predictions", f"dt={GOOD}"))
+    staged = partitions.require_current(storage.join(stack.staging_uri, "tabular", f"dt={GOOD}"))
+    champion = registry.get_model_version_by_alias("tabular-mlp", "champion")
+    manifest = scored.manifest
+    assert (manifest["version"], manifest["input_generation"]) == (
+        champion.version,
+        champion.tags["generation"],
+    )
+    assert manifest["outputs"]["predictions"]["rows"] == staged.outputs["test"]["rows"]
+    table = pq.read_table([path for path, _ in partitions.dataset_files(scored, "predictions")])
+    test = pq.read_table([path for path, _ in partitions.dataset_files(staged, "test")])
+    assert sorted(table.column("f00").to_pylist()) == sorted(test.column("f00").to_pylist())  # the same rows
+    accuracy = (table.column("prediction").to_numpy() == table.column("label").to_numpy()).mean()
+    assert accuracy > 0.8

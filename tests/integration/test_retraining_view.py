@@ -33,7 +33,15 @@ from airflow.sdk import DAG, get_current_context, task
 
 from emr_ray.links.mlflow import MLflowModelVersionLink
 from emr_ray.links.ray import RayJobLink
-from devstack.retraining_runs import preprocess_result, register_result, train_result
+from emr_ray.operators.predict import RayBatchPredictOperator as ScoringOnTheCluster
+from devstack.retraining_runs import preprocess_result, register_result, scoring, train_result
+
+
+class RayBatchPredictOperator(ScoringOnTheCluster):  # its task type, a recorded result: the view reads metadata
+
+    def execute(self, context):
+        RayJobLink.persist(context, "http://127.0.0.1:8265/#/jobs/score-" + context["ds"])
+        return scoring(context["dag_run"].conf["version"], context["ds"], dag_id={dag_id!r}).result
 
 with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), tags=["retraining"]) as dag:
 
@@ -56,7 +64,8 @@ with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), ta
         MLflowModelVersionLink.persist(get_current_context(), "http://mlflow/#/models/m/versions/" + conf["version"])
         return register_result(conf["version"], conf["promoted"], conf["value"], conf["champion"], conf["champion_version"])
 
-    preprocess() >> train() >> register()
+    score = RayBatchPredictOperator(task_id="score", model_name="m", input_uri="file:///s/in", output_uri="file:///s/out")
+    preprocess() >> train() >> register() >> score
 """
 
 
@@ -167,6 +176,11 @@ def test_the_view_lists_each_partition_run_from_airflows_metadata(airflow_app):
         "Ray job (train)",
         "MLflow Model Version",
     }
+    # beside each version, the batch scoring that used it (the scoring task's own record, any DAG)
+    assert [(s["dag_id"], s["rows"], s["partition"]) for s in first["scored"]] == [
+        (DAG_ID, 3948, "2026-11-26")
+    ]
+    assert second["scored"][0]["link"]["url"].endswith("#/jobs/score-2026-11-27") and failed["scored"] == []
     assert (failed["state"], failed["decision"], failed["notes"]) == (
         "failed",
         "none",

@@ -171,3 +171,22 @@ def test_the_trainer_the_warm_group_and_the_cluster_check_reserve_the_same_per_w
     check = RunRequest(workers=3, resources_per_worker=resources, use_gpu=use_gpu)
     assert scaling.per_worker() == per_worker == check.per_worker  # the warm group reads per_worker()
     assert scaling.cpus == 3 * per_worker.get("CPU", 0.0) == check.training().get("CPU", 0.0)
+
+
+def test_a_scoring_names_a_version_number_never_an_alias():
+    """The batch scoring spec takes the version the operator resolved once: an alias in its place
+    would let a promotion mid-run mix two models in one predictions generation."""
+    from emr_ray.cluster.spec import MLflowSection, PredictJobSpec
+
+    fields = dict(
+        partition="2026-11-05", input_uri="file:///s/tabular/dt=2026-11-05/_generations/g/test",
+        output_uri="file:///s/predictions/dt=2026-11-05", model_name="tabular-mlp",
+        mlflow=MLflowSection(tracking_uri="http://127.0.0.1:1", experiment_name="e"),
+    )  # fmt: skip
+    assert PredictJobSpec(**fields, model_version="3").model_version == "3"
+    with pytest.raises(
+        ValueError, match="model_version='champion' is not a version number; resolve the alias"
+    ):
+        PredictJobSpec(**fields, model_version="champion")
+    with pytest.raises(ValueError, match="num_workers=0: use at least 1"):
+        PredictJobSpec(**fields, model_version="3", num_workers=0)

@@ -230,6 +230,27 @@ class TrainResult(JobResult):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PredictResult(JobResult):
+    """A batch scoring: the input generation it read, the model version it used, and the predictions
+    generation it committed, with as many rows as the input (the commit checks it)."""
+
+    partition: str
+    input_uri: str
+    input_generation: str
+    model_name: str
+    model_version: str
+    rows: int
+    output_uri: str
+    generation: str
+    predictions_uri: str
+    superseded_by: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.rows, int) and self.rows > 0, f"rows={self.rows!r}: a scoring scores rows.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RLlibResult(JobResult):
     """An RLlib training: its MLflow run, last checkpoint and iterations."""
 

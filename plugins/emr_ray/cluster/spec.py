@@ -375,6 +375,44 @@ class TrainJobSpec(SpecPart, RunFolder):
         }
 
 
+@dataclass(frozen=True)
+class PredictJobSpec(SpecPart):
+    """``emr_ray.cluster.jobs.predict``: score one committed input (a pinned generation's output) with
+    one registered model version on Ray Data, and commit the predictions as a new generation of
+    ``output_uri``. The version is a number, never an alias: a promotion mid-run cannot mix models."""
+
+    partition: str
+    input_uri: str
+    output_uri: str
+    model_name: str
+    model_version: str
+    mlflow: MLflowSection
+    #: ``fn(model, batch, config) -> {column: values}``: the columns a batch (column name to numpy
+    #: array) gains; the model is the version's pyfunc model
+    predict: str = "include.scoring.tabular:predict_batch"
+    config: dict[str, Any] = field(default_factory=dict)
+    #: at most this many model replicas (Ray Data actors), each loading the version once
+    num_workers: int = 1
+    batch_size: int = 4096
+    use_gpu: bool = False
+    identity: dict[str, str] = field(default_factory=dict)
+    storage: StorageSection = field(default_factory=StorageSection)
+
+    def __post_init__(self) -> None:
+        storage.validate_partition(self.partition)
+        _check_import_path("predict", self.predict)
+        for uri in (self.input_uri, self.output_uri):
+            storage.split_uri(uri)
+        _require(bool(self.model_name), "model_name is empty; name the registered model.")
+        _require(
+            str(self.model_version).isdigit(),
+            f"model_version={self.model_version!r} is not a version number; resolve the alias first "
+            "(RayBatchPredictOperator does, once per task).",
+        )
+        _require(int(self.num_workers) >= 1, f"num_workers={self.num_workers}: use at least 1.")
+        _require(int(self.batch_size) >= 1, f"batch_size={self.batch_size}: use at least 1 row.")
+
+
 #: RLlib algorithms that learn online from a Gymnasium environment (the offline ones need recorded data)
 RLLIB_ALGORITHMS = ("APPO", "DQN", "IMPALA", "PPO", "SAC")
 
@@ -450,7 +488,7 @@ class RLlibJobSpec(SpecPart, RunFolder):
 
 
 #: every typed spec an operator can build
-JobSpec = SparkJobSpec | TrainJobSpec | RLlibJobSpec
+JobSpec = SparkJobSpec | TrainJobSpec | RLlibJobSpec | PredictJobSpec
 
 
 def _check_import_path(name: str, path: str) -> None:

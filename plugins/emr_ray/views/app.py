@@ -64,6 +64,7 @@ PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
 
 def view_of(
     session: Any,
+    user: Any,
     dag_id: str,
     start: str | None,
     end: str | None,
@@ -87,9 +88,17 @@ def view_of(
         registry = sources.read_registry(models, mlflow_conn_id, deadline)
         progress = sources.read_progress(dag_id, runs, mlflow_conn_id, deadline)
         registry = dataclasses.replace(registry, progress=progress) if progress else registry
-        return build_view(dag_id, runs, filters, page_number, page_size, registry)
+        scorings = sources.read_scorings(session, readable_dag_ids(user)) if models else []
+        return build_view(dag_id, runs, filters, page_number, page_size, registry, scorings)
     except FilterError as e:
         raise HTTPException(status_code=400, detail=str(e)) from e
+
+
+def readable_dag_ids(user: Any) -> set[str]:
+    """The DAGs ``user`` may read: a scoring in any other DAG stays out of the page."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
 
 
 def create_app() -> FastAPI:
@@ -107,6 +116,7 @@ def create_app() -> FastAPI:
     def dag_page(
         dag_id: str,
         session: SessionDep,
+        user: GetUserDep,
         start: From = None,
         end: To = None,
         state: States = [],  # noqa: B006
@@ -114,13 +124,14 @@ def create_app() -> FastAPI:
         page_number: PageNumber = 1,
         page_size: PageSize = PAGE_SIZE,
     ) -> HTMLResponse:
-        view = view_of(session, dag_id, start, end, state, decision, page_number, page_size)
+        view = view_of(session, user, dag_id, start, end, state, decision, page_number, page_size)
         return HTMLResponse(page.render(view))
 
     @app.get("/api/dags/{dag_id}", dependencies=READ_DAG)
     def dag_rows(
         dag_id: str,
         session: SessionDep,
+        user: GetUserDep,
         start: From = None,
         end: To = None,
         state: States = [],  # noqa: B006
@@ -128,16 +139,14 @@ def create_app() -> FastAPI:
         page_number: PageNumber = 1,
         page_size: PageSize = PAGE_SIZE,
     ) -> dict[str, Any]:
-        view = view_of(session, dag_id, start, end, state, decision, page_number, page_size)
+        view = view_of(session, user, dag_id, start, end, state, decision, page_number, page_size)
         rows = dataclasses.asdict(view)
         rows.pop("chronological")  # every filtered row is the plots' business: the JSON is one page
         return jsonable_encoder(rows)
 
     @app.get("/", response_class=HTMLResponse)
     def index(user: GetUserDep, session: SessionDep) -> HTMLResponse:
-        from airflow.api_fastapi.app import get_auth_manager
-
-        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        readable = readable_dag_ids(user)
         return HTMLResponse(page.index_html(sources.retraining_dag_ids(session, readable), DAG_VIEW_URL))
 
     return app

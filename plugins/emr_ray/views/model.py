@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emr_ray.cluster.results import JobResult, SparkResult, TrainResult, Usage
+from emr_ray.cluster.results import JobResult, PredictResult, SparkResult, TrainResult, Usage
 from emr_ray.params import partition_of
-from emr_ray.views.records import Registry, RunRecord, TaskRecord
+from emr_ray.views.records import Registry, RunRecord, ScoringRecord, TaskRecord
 
 #: Airflow's run types as the view names them
 RUN_TYPES = {
@@ -106,6 +106,19 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Scored:
+    """A batch scoring with a row's model version (a ``RayBatchPredictOperator`` task of any DAG)."""
+
+    dag_id: str
+    run_id: str
+    state: str | None
+    rows: int | None = None
+    partition: str | None = None
+    generation: str | None = None  # the predictions generation it committed
+    link: Link | None = None  # its Ray job
+
+
+@dataclass(frozen=True)
 class PartitionRow:
     """One partition-run: what it read and wrote, what it trained and decided, what it cost."""
 
@@ -130,6 +143,7 @@ class PartitionRow:
     notes: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # what MLflow's aliases say of this version now (champion, challenger)
     progress: str | None = None  # a running training's epoch and latest metrics, as MLflow has them now
+    scored: tuple[Scored, ...] = ()  # the batch scorings with this row's version, newest first
 
 
 @dataclass(frozen=True)
@@ -334,6 +348,37 @@ def serving_of(rows: Sequence[PartitionRow], registry: Registry | None) -> Servi
     )
 
 
+def scorings_by_version(scorings: Iterable[ScoringRecord]) -> dict[tuple[str, str], tuple[Scored, ...]]:
+    """Each model version's batch scorings, in the order given (newest first); a task whose result is
+    not a scoring's (still running, or failed before it returned) names its version by nothing."""
+    found: dict[tuple[str, str], list[Scored]] = {}
+    for record in scorings:
+        result = PredictResult.read(record.result)
+        if result is None:
+            continue
+        url = record.links.get("Ray Dashboard")
+        found.setdefault((result.model_name, str(result.model_version)), []).append(
+            Scored(
+                dag_id=record.dag_id,
+                run_id=record.run_id,
+                state=record.state,
+                rows=result.rows,
+                partition=result.partition,
+                generation=result.generation,
+                link=Link(f"Ray job ({record.dag_id})", url) if url else None,
+            )
+        )
+    return {key: tuple(items) for key, items in found.items()}
+
+
+def with_scorings(row: PartitionRow, scored: Mapping[tuple[str, str], tuple[Scored, ...]]) -> PartitionRow:
+    """``row`` with the batch scorings of its model version."""
+    if row.model_name is None or row.version is None:
+        return row
+    found = scored.get((row.model_name, str(row.version)), ())
+    return dataclasses.replace(row, scored=found) if found else row
+
+
 def build_view(
     dag_id: str,
     runs: Iterable[RunRecord],
@@ -341,14 +386,19 @@ def build_view(
     page: int = 1,
     page_size: int = PAGE_SIZE,
     registry: Registry | None = None,
+    scorings: Iterable[ScoringRecord] = (),
 ) -> RetrainingView:
     """The view of ``dag_id``'s runs: filtered, newest partition first, page ``page`` (from 1) of
-    ``page_size`` rows; the champion from ``registry`` (None or an error: from the runs)."""
+    ``page_size`` rows; the champion from ``registry`` (None or an error: from the runs); beside
+    each version, the batch scorings that used it (``scorings``, of any DAG)."""
     if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
         raise FilterError(f"page must be >= 1 and page_size between 1 and {MAX_PAGE_SIZE}")
     run_list = list(runs)
+    scored = scorings_by_version(scorings)
     every = sorted(
-        (with_aliases(partition_row(run), registry) for run in run_list), key=newest_first, reverse=True
+        (with_scorings(with_aliases(partition_row(run), registry), scored) for run in run_list),
+        key=newest_first,
+        reverse=True,
     )
     kept = [row for row in every if filters.keeps(row)]
     pages = max(1, math.ceil(len(kept) / page_size))

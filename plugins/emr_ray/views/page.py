@@ -157,6 +157,11 @@ def row_html(row: PartitionRow, task_order: Sequence[str]) -> str:
     version = f"{_text(row.model_name)} v{escape(row.version)}" if row.version else MISSING
     if row.aliases:
         version += f'<div class="note">now: {escape(", ".join(row.aliases))}</div>'
+    for scoring in row.scored:
+        what = f"scored {_number(scoring.rows)} rows of {_text(scoring.partition)} ({escape(scoring.dag_id)})"
+        if scoring.link is not None:
+            what = _link(scoring.link.url, what)
+        version += f'<div class="note">{what}</div>'
     decision = (
         f'<span class="{"promoted" if row.decision == "promoted" else ""}">{escape(row.decision)}</span>'
     )

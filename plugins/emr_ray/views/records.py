@@ -43,6 +43,19 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class ScoringRecord:
+    """A batch scoring task of any DAG (``RayBatchPredictOperator``): where it ran, its state, its
+    returned XCom (a :class:`~emr_ray.cluster.results.PredictResult`) and its stored extra links."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    state: str | None = None
+    result: Any = None
+    links: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Registry:
     """What MLflow's registry says now: aliases per registered model (``{"champion": "7"}``), or why
     it could not be asked (``error``), so a page can say so instead of failing."""

@@ -17,13 +17,16 @@ from typing import TYPE_CHECKING, Any
 from emr_ray.links.mlflow import MLflowModelVersionLink, MLflowRunLink
 from emr_ray.links.ray import RayJobLink
 from emr_ray.views.mlflow_reads import PAGE_BUDGET_S, READS, Reads
-from emr_ray.views.records import Registry, RunRecord, TaskRecord
+from emr_ray.views.records import Registry, RunRecord, ScoringRecord, TaskRecord
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 #: the most recent runs a page reads (a year of daily partitions, with room for reruns)
 MAX_RUNS = 1000
+#: the operators whose tasks score a model version (their tasks' results name the version)
+SCORING_OPERATORS = ("RayBatchPredictOperator",)
+#: the most recent scoring tasks a page reads, over every DAG the user may read
 RETRAINING_TAG = "retraining"
 #: the XCom key each extra link stores its URL under -> the link's name
 LINK_KEYS = {link().xcom_key: link.name for link in (RayJobLink, MLflowRunLink, MLflowModelVersionLink)}
@@ -82,6 +85,55 @@ def read_runs(session: Session, dag_id: str, limit: int = MAX_RUNS) -> list[RunR
             tasks=tuple(tasks.get(run.run_id, ())),
         )
         for run in runs
+    ]
+
+
+MAX_SCORINGS = 1000
+
+
+def read_scorings(
+    session: Session, readable: set[str] | None = None, limit: int = MAX_SCORINGS
+) -> list[ScoringRecord]:
+    """The ``limit`` latest batch scoring tasks of the DAGs in ``readable`` (every DAG when None), with
+    their returned XComs and stored links: which runs scored which model version (two queries)."""
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.models.xcom import XComModel as X
+    from sqlalchemy import or_, select
+
+    query = select(TI.dag_id, TI.run_id, TI.task_id, TI.map_index, TI.state).where(
+        TI.operator.in_(SCORING_OPERATORS)
+    )
+    if readable is not None:
+        query = query.where(TI.dag_id.in_(sorted(readable)))
+    tis = session.execute(query.order_by(TI.start_date.desc()).limit(limit)).all()
+    if not tis:
+        return []
+    wanted = {(ti.dag_id, ti.run_id, ti.task_id, ti.map_index) for ti in tis}
+    xcoms = session.execute(
+        select(X.dag_id, X.run_id, X.task_id, X.map_index, X.key, X.value).where(
+            X.dag_id.in_({ti.dag_id for ti in tis}),
+            X.task_id.in_({ti.task_id for ti in tis}),
+            X.run_id.in_({ti.run_id for ti in tis}),
+            or_(X.key == "return_value", X.key.in_(list(LINK_KEYS))),
+        )
+    ).all()
+    values: dict[tuple[str, str, str, int], dict[str, Any]] = defaultdict(dict)
+    for row in xcoms:
+        key = (row.dag_id, row.run_id, row.task_id, row.map_index)
+        if key in wanted:
+            values[key][row.key] = X.deserialize_value(row)
+    return [
+        ScoringRecord(
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            task_id=ti.task_id,
+            state=None if ti.state is None else str(ti.state),
+            result=(stored := values.get((ti.dag_id, ti.run_id, ti.task_id, ti.map_index), {})).get(
+                "return_value"
+            ),
+            links={LINK_KEYS[k]: str(v) for k, v in stored.items() if k in LINK_KEYS and v},
+        )
+        for ti in tis
     ]
 
 

@@ -13,6 +13,7 @@ from devstack.retraining_runs import (
     preprocess_result,
     register_result,
     run,
+    scoring,
     synthetic_runs,
     train_result,
 )
@@ -194,6 +195,25 @@ def test_each_row_says_which_aliases_its_version_holds_now():
     assert rows == {"3": ("champion",), "4": ("challenger",)}
     down = build_view("d", runs, registry=Registry(error="down")).rows
     assert all(row.aliases == () for row in down)  # unknown, not "none"
+
+
+def test_each_row_shows_the_batch_scorings_its_version_made_in_any_dag():
+    """Issue 55: the scoring runs beside the training that produced the version. A scoring task that
+    has not returned a scoring's result (running, failed) names no version and shows nowhere."""
+    runs = [run("2026-11-27", register=PROMOTING), run("2026-11-28", register=KEEPING)]
+    scorings = [
+        scoring("3", "2026-11-27", rows=3948),
+        scoring("3", "2026-11-27", rows=3948, dag_id="score_nightly", run_id="scheduled__x"),
+        dataclasses.replace(scoring("4", "2026-11-28"), state="running", result=None),
+    ]
+    rows = {row.version: row for row in build_view("d", runs, scorings=scorings).rows}
+    three = rows["3"].scored
+    assert [(s.dag_id, s.rows, s.partition, s.generation) for s in three] == [
+        ("score_tabular", 3948, "2026-11-27", "g-3"),
+        ("score_nightly", 3948, "2026-11-27", "g-3"),
+    ]
+    assert three[0].link is not None and three[0].link.url.endswith("-score")
+    assert rows["4"].scored == ()
 
 
 def test_a_running_training_shows_its_epoch_and_latest_metrics_as_mlflow_has_them(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
-from devstack.retraining_runs import MODEL, register_result, run, synthetic_runs
+from devstack.retraining_runs import MODEL, register_result, run, scoring, synthetic_runs
 from emr_ray.views import page
 from emr_ray.views.model import Filters, build_view
 from emr_ray.views.records import Registry
@@ -57,6 +57,14 @@ def test_a_row_shows_every_column():
     assert links == "Ray job (preprocess) Ray job (train) MLflow Run MLflow Model Version"
     assert "Serving now:" in html and f"{MODEL} v3" in html and "from MLflow" in html
     assert html.count("<svg") == 3
+
+
+def test_a_version_cell_names_each_batch_scoring_with_it_linked_to_its_ray_job():
+    runs = [run("2026-11-28", register=register_result("3", True, 0.93, 0.91, "2"))]
+    html = page.render(build_view("retrain_tabular", runs, scorings=[scoring("3", "2026-11-28")]))
+    (row,) = [r for r in cells(html).rows if r]
+    assert row[5] == f"{MODEL} v3 scored 3,948 rows of 2026-11-28 (score_tabular)"
+    assert 'href="http://ray:8265/#/jobs/asset_triggered__2026-11-28-v3-score"' in html
 
 
 def test_what_is_missing_is_an_em_dash_and_a_note():
