@@ -2,7 +2,7 @@
 map tokens to ids.
 
 THE TOKEN RULE (one rule, two implementations in this module: :func:`tokens` in Python for serving,
-:func:`spark_tokens` as Spark SQL expressions for training data; tests/unit/test_text_spark.py and
+:func:`spark_tokens` as Spark SQL expressions for training data; tests/integration/test_text_spark.py and
 tests/integration/test_retrain_text.py hold their ids equal on tricky text and on every review):
 
 1. ASCII ``A``-``Z`` become ``a``-``z``; no other character changes case (so Java's and Python's

@@ -6,6 +6,7 @@ its own (a Spark setting with a fresh value), so no other test's session serves 
 also a job (``python -m tests.integration.test_spark_session``) that kills the shared sessions, as
 an operator of the cluster would; the test sees the live ones in the cluster's state API. The reuse rule for a raw partition landed again (issue 31,
 item 5) is proved here too: its cleared preprocessing runs on a warm session, the cheapest real Spark.
+That each call of a warm context starts from a clean state is checked on a local Spark session.
 """
 
 from __future__ import annotations
@@ -324,3 +325,27 @@ def test_a_session_none_of_whose_executors_can_be_placed_stops_and_says_why(ray_
 
 if __name__ == "__main__":
     main(lambda spec: globals()[f"{spec.get('job', 'kill_sessions')}_job"](spec))
+
+
+def test_each_call_of_a_warm_session_starts_from_a_clean_state(spark):
+    """Issue 32, item 2: one SparkSession served every call, so a job's time zone, temporary views and
+    cached plans (their closures hold its credentials) reached the next job. Each call now gets its
+    own session of the warm context, and what it cached is dropped when it ends."""
+    from pyspark.sql import SparkSession
+
+    from emr_ray.cluster.jobs.spark_session import call_session
+
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    with call_session(spark) as first:
+        first.conf.set("spark.sql.session.timeZone", "Pacific/Kiritimati")
+        frame = first.createDataFrame([(1,), (2,)], "x int")
+        frame.createOrReplaceTempView("left_behind")
+        assert frame.cache().count() == 2
+    with call_session(spark) as second:
+        assert second.conf.get("spark.sql.session.timeZone") == zone
+        assert not second.catalog.tableExists("left_behind")
+        # user code asking for "the" session gets the call's, not the shared base (issue 53, item 5)
+        assert SparkSession.getActiveSession()._jsparkSession.equals(second._jsparkSession)
+        assert SparkSession.builder.getOrCreate()._jsparkSession.equals(second._jsparkSession)
+    assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
+    assert SparkSession.getActiveSession()._jsparkSession.equals(spark._jsparkSession)  # the base again

@@ -114,27 +114,3 @@ def test_the_session_mode_and_idle_timeout_are_checked_when_the_spec_is_built():
         SparkSettings(app_name="a", session="warm")
     with pytest.raises(ValueError, match=r"idle_timeout_s=0: use at least 1 second"):
         SparkSettings(app_name="a", session="shared", idle_timeout_s=0)
-
-
-def test_each_call_of_a_warm_session_starts_from_a_clean_state(spark):
-    """Issue 32, item 2: one SparkSession served every call, so a job's time zone, temporary views and
-    cached plans (their closures hold its credentials) reached the next job. Each call now gets its
-    own session of the warm context, and what it cached is dropped when it ends."""
-    from pyspark.sql import SparkSession
-
-    from emr_ray.cluster.jobs.spark_session import call_session
-
-    zone = spark.conf.get("spark.sql.session.timeZone")
-    with call_session(spark) as first:
-        first.conf.set("spark.sql.session.timeZone", "Pacific/Kiritimati")
-        frame = first.createDataFrame([(1,), (2,)], "x int")
-        frame.createOrReplaceTempView("left_behind")
-        assert frame.cache().count() == 2
-    with call_session(spark) as second:
-        assert second.conf.get("spark.sql.session.timeZone") == zone
-        assert not second.catalog.tableExists("left_behind")
-        # user code asking for "the" session gets the call's, not the shared base (issue 53, item 5)
-        assert SparkSession.getActiveSession()._jsparkSession.equals(second._jsparkSession)
-        assert SparkSession.builder.getOrCreate()._jsparkSession.equals(second._jsparkSession)
-    assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
-    assert SparkSession.getActiveSession()._jsparkSession.equals(spark._jsparkSession)  # the base again
