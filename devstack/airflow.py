@@ -32,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from devstack.stack import LocalStack
+from emr_ray.hooks.ray_wait import DEFERRAL_SETTLE_SECONDS
 from emr_ray.params import PROMOTION_POOL, SPARK_POOL, TRAIN_POOL
 from emr_ray.sizing.model import CPUS_PER_RAY_TASK, CPUS_PER_WARM_LANE, WARM_SLOTS_PER_LANE, ray_pool_slots  # noqa: F401 - the stack sizes its pools by the provider's rule
 
@@ -147,6 +148,8 @@ class LocalAirflow:
             "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
             # a task waiting on a Ray job (or on a COS key) waits in the triggerer, not in a worker slot
             "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+            # executors report a deferring process's exit here: the provider's hold before a trigger answers
+            "AIRFLOW__EMR_RAY__DEFERRAL_SETTLE_SECONDS": str(DEFERRAL_SETTLE_SECONDS),
             # a scheduler that died is seen dead after scheduler_health_check_threshold (30 s, or
             # health_check_s); its queued and running tasks are then reset at the next check (default
             # every 300 s; here 30 s or health_check_s). A dead triggerer's triggers move likewise.

@@ -31,6 +31,9 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO_ROOT / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO_ROOT / "plugins")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+# the tests run triggers in their own process, where no executor reports a deferring process's exit:
+# no hold (a running Airflow, devstack.airflow.LocalAirflow, sets the provider's default again)
+os.environ["AIRFLOW__EMR_RAY__DEFERRAL_SETTLE_SECONDS"] = "0"
 os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
 os.environ.setdefault("MLFLOW_TRACKING_URI", "")  # never the user's default ./mlruns
 os.environ.pop("MLFLOW_TRACKING_URI")

@@ -338,7 +338,10 @@ def run_trigger(trigger) -> dict:
     return asyncio.run(first_event())
 
 
-def test_deferred_and_polled_runs_give_the_same_xcom(ray_conn):
+def test_deferred_and_polled_runs_give_the_same_xcom(ray_conn, monkeypatch):
+    """The same result either way; and the trigger holds the event of a job that ended right after the
+    deferral until the deferral has settled (``[emr_ray] deferral_settle_seconds``; the other tests
+    run it at 0, as no executor reports a deferring process's exit here)."""
     from airflow.sdk.exceptions import TaskDeferred
 
     spec = {"payload": {"same": True}, "sleep_seconds": 1}
@@ -347,9 +350,12 @@ def test_deferred_and_polled_runs_give_the_same_xcom(ray_conn):
     )
     ti = FakeTaskInstance("echo")
     op = RayJobOperator(task_id="echo", spec=spec, poll_interval=0.5, deferrable=True)
+    monkeypatch.setenv("AIRFLOW__EMR_RAY__DEFERRAL_SETTLE_SECONDS", "3")
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})
+    deferred_at = time.time()
     event = run_trigger(deferred.value.trigger)
+    assert time.time() >= deferred.value.trigger.answer_after >= deferred_at + 2.5
     assert event["status"] == "success"
     deferred_result = op.execute_complete({"ti": ti}, event)
     # the same result; usage is measured per job, so only its presence is the same
