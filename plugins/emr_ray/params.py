@@ -103,9 +103,10 @@ def daily_partitions() -> Any:
 
 #: The partition a run processes: the ``partition`` param of a manual run; else the run's logical date
 #: (scheduled and backfill runs: the start of the completed day, see :func:`daily_partitions`); else, for a
-#: manual run without a logical date, the day before it ran.
+#: manual run without a logical date, the day before it ran. A DAG without a ``partition`` param renders
+#: it too (an operator's default: ``RayBatchPredictOperator.partition``).
 PARTITION_TEMPLATE = (
-    "{{ params.partition or (dag_run.logical_date or dag_run.run_after - macros.timedelta(days=1))"
+    "{{ params.get('partition') or (dag_run.logical_date or dag_run.run_after - macros.timedelta(days=1))"
     ".strftime('%Y-%m-%d') }}"
 )
 

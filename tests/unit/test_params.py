@@ -63,6 +63,15 @@ def test_run_partition_is_what_the_partition_template_renders(kind: RunKind):
     assert run_partition(context) == template.render(**context) == kind.partition
 
 
+def test_a_dag_without_a_partition_param_renders_its_runs_date():
+    """An operator's default (``RayBatchPredictOperator.partition``) in a DAG that has no ``partition``
+    param: a scheduled run's partition, not an undefined-variable error."""
+    (kind,) = [k for k in KINDS if k.name == "scheduled"]
+    context = kind.context(partition_param=False)
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(PARTITION_TEMPLATE)
+    assert template.render(**context) == kind.partition
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_run_type_is_the_plain_value_of_the_task_sdks_enum(kind: RunKind):
     """A task's ``dag_run.run_type`` is an enum whose ``str()`` is ``DagRunType.BACKFILL``: read as
