@@ -84,6 +84,9 @@ class LocalAirflow:
     #: seconds without a heartbeat from a running task before the scheduler fails its try (a killed
     #: Celery worker's tasks); None: Airflow's 300
     task_heartbeat_timeout_s: int | None = None
+    #: ``[emr_ray] deferral_settle_seconds``: how long a Ray trigger holds a finished job's event after
+    #: the deferral (the provider's default; the system tests take 0 and an occasional retry instead)
+    deferral_settle_s: float = DEFERRAL_SETTLE_SECONDS
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -148,8 +151,8 @@ class LocalAirflow:
             "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
             # a task waiting on a Ray job (or on a COS key) waits in the triggerer, not in a worker slot
             "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
-            # executors report a deferring process's exit here: the provider's hold before a trigger answers
-            "AIRFLOW__EMR_RAY__DEFERRAL_SETTLE_SECONDS": str(DEFERRAL_SETTLE_SECONDS),
+            # executors report a deferring process's exit here: a hold before a trigger answers
+            "AIRFLOW__EMR_RAY__DEFERRAL_SETTLE_SECONDS": str(self.deferral_settle_s),
             # a scheduler that died is seen dead after scheduler_health_check_threshold (30 s, or
             # health_check_s); its queued and running tasks are then reset at the next check (default
             # every 300 s; here 30 s or health_check_s). A dead triggerer's triggers move likewise.

@@ -47,10 +47,11 @@ def live_airflow(live_stack, tabular_good_run, tmp_path_factory) -> Iterator[Loc
     """The running Airflow (after the session's first ``dags test`` run registered the champion)."""
     # a killed scheduler's or triggerer's work moves on after 15 s instead of 30-60 s, a killed Celery
     # worker's task after 30 s instead of 5 min; a landing partition is seen within 3 s; a retry
-    # (Airflow 3.3's deferral race can cost one) waits 10 s, not 2 min
+    # (Airflow 3.3's deferral race can cost one) waits 10 s, not 2 min; so no trigger holds a finished
+    # job's event to avoid that race (up to 5 s on each short task: more than the rare retry costs here)
     airflow = LocalAirflow(live_stack, tmp_path_factory.mktemp("airflow-live") / "home", port=8080,
                            executor="CeleryExecutor", health_check_s=15, task_heartbeat_timeout_s=30,
-                           watch_interval_s=3, retry_delay_s=10)  # fmt: skip
+                           watch_interval_s=3, retry_delay_s=10, deferral_settle_s=0)  # fmt: skip
     try:  # stopped even when its start fails: no Airflow left running after the session
         yield airflow.start()
     finally:
