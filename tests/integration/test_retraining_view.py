@@ -169,7 +169,10 @@ def test_the_view_lists_each_partition_run_from_airflows_metadata(airflow_app):
         "1", "promoted", "2", "challenger",
     )  # fmt: skip
     assert (second["gate"]["challenger"], second["gate"]["champion"]) == (0.89, 0.91)
-    assert first["cpu_by_task"] == {"preprocess": 40.0, "train": 12.5, "score": 12.0} and first["rows_in"] == 1000
+    assert (
+        first["cpu_by_task"] == {"preprocess": 40.0, "train": 12.5, "score": 12.0}
+        and first["rows_in"] == 1000
+    )
     assert first["run_type"] == "manual" and first["task_seconds"]["train"] is not None
     assert {link["label"] for link in first["links"]} == {
         "Ray job (preprocess)",
