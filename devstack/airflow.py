@@ -32,8 +32,8 @@ from pathlib import Path
 import psutil
 
 from devstack.stack import LocalStack
-from emr_ray.hooks.ray_wait import DEFERRAL_SETTLE_SECONDS
 from emr_ray.params import PROMOTION_POOL, SPARK_POOL, TRAIN_POOL
+from emr_ray.provider_info import DEFERRAL_SETTLE_SECONDS
 from emr_ray.sizing.model import CPUS_PER_RAY_TASK, CPUS_PER_WARM_LANE, WARM_SLOTS_PER_LANE, ray_pool_slots  # noqa: F401 - the stack sizes its pools by the provider's rule
 
 USER = "admin"

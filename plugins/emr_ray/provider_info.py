@@ -11,6 +11,15 @@ from emr_ray import __version__
 
 _TEXT = {"type": ["string", "null"]}
 
+#: how long after its deferral a trigger holds a finished job's event. Airflow 3.3 fails a resumed task
+#: whose trigger fired before the executor had reported the deferring process's exit ("finished with
+#: state success, but the task instance's state attribute is queued"); the executor reports it within
+#: a heartbeat or two. A job still running when the task defers rarely ends inside this window, so the
+#: hold costs little; a job already done is never deferred (``RayJobOperator.execute``). The
+#: default of ``[emr_ray] deferral_settle_seconds``; here, because this module imports nothing Airflow
+#: imports (the hooks do, and Airflow reads this module while it starts).
+DEFERRAL_SETTLE_SECONDS = 5.0
+
 
 def get_provider_info() -> dict:
     """Provider metadata Airflow reads through the ``apache_airflow_provider`` entry point."""
@@ -162,7 +171,7 @@ def get_provider_info() -> dict:
                         "version_added": "0.1.0",
                         "type": "float",
                         "example": None,
-                        "default": "5",
+                        "default": f"{DEFERRAL_SETTLE_SECONDS:g}",
                     },
                 },
             },

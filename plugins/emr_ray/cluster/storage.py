@@ -322,14 +322,24 @@ def parquet_row_counts(
     files: list[str], uri: str, options: StorageOptions | None = None
 ) -> list[tuple[str, int]]:
     """``(file, rows)`` for each of ``files`` (on ``uri``'s filesystem), from its Parquet footer: no data read."""
+    return [(path, rows) for path, rows, _ in parquet_footers(files, uri, options)]
+
+
+def parquet_footers(
+    files: list[str], uri: str, options: StorageOptions | None = None
+) -> list[tuple[str, int, dict[str, str]]]:
+    """``(file, rows, columns)`` for each of ``files``, columns as name to Arrow type name, from the
+    footer read once (no data read): what a training's plan and its MLflow datasets both need."""
     import pyarrow.parquet as pq
 
     fsys = filesystem(uri, options)
-    counts = []
+    footers = []
     for path in files:
         with fsys.open_input_file(path) as f:
-            counts.append((path, pq.ParquetFile(f).metadata.num_rows))
-    return counts
+            parquet = pq.ParquetFile(f)
+            columns = {column.name: str(column.type) for column in parquet.schema_arrow}
+            footers.append((path, parquet.metadata.num_rows, columns))
+    return footers
 
 
 def count_parquet_rows(files: list[str], uri: str, options: StorageOptions | None = None) -> int:

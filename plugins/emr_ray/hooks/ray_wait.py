@@ -164,14 +164,6 @@ def next_step(
     return WAIT
 
 
-#: how long after its deferral a trigger holds a finished job's event. Airflow 3.3 fails a resumed task
-#: whose trigger fired before the executor had reported the deferring process's exit ("finished with
-#: state success, but the task instance's state attribute is queued"); the executor reports it within
-#: a heartbeat or two. A job still running when the task defers rarely ends inside this window, so the
-#: hold costs little; a job already done is never deferred (``RayJobOperator.execute``).
-DEFERRAL_SETTLE_SECONDS = 5.0
-
-
 def settle_delay(answer_after: float | None, now: float) -> float:
     """Seconds a trigger waits before it answers: until ``answer_after`` (epoch seconds), 0 without one."""
     return max(0.0, answer_after - now) if answer_after else 0.0

@@ -23,13 +23,14 @@ from emr_ray.exceptions import RayClusterError, RayJobInputError
 from emr_ray.hooks import ray_submit
 from emr_ray.hooks.ray import RayHook, merge_runtime_env
 from emr_ray.hooks.ray_reuse import REATTACH, REFUSE
-from emr_ray.hooks.ray_wait import DEFERRAL_SETTLE_SECONDS, entrypoint_asks, failure_of
+from emr_ray.hooks.ray_wait import entrypoint_asks, failure_of
 from emr_ray.hooks.ray_watch import JobWatch
 from emr_ray.hooks.storage_settings import StorageConnections
 from emr_ray.identity import TaskIdentity, tenant_of
 from emr_ray.links.ray import RayJobLink
 from emr_ray.operators.ray_check import RayConnectOperator
 from emr_ray.operators.ray_ownership import Ownership
+from emr_ray.provider_info import DEFERRAL_SETTLE_SECONDS
 from emr_ray.templating import as_bool, as_seconds
 from emr_ray.triggers.ray import RayJobTrigger
 

@@ -48,7 +48,7 @@ class RayJobTrigger(BaseTrigger):
     :param entrypoint_asks: what the job's driver was submitted with (``{"CPU": 1, "custom": 1}``),
         named when it stays PENDING.
     :param answer_after: epoch seconds before which a finished job's event is held, so that it never
-        meets Airflow's deferral race (:data:`emr_ray.hooks.ray_wait.DEFERRAL_SETTLE_SECONDS`).
+        meets Airflow's deferral race (:data:`emr_ray.provider_info.DEFERRAL_SETTLE_SECONDS`).
     """
 
     def __init__(

@@ -37,9 +37,7 @@ def test_a_training_run_lists_its_generations_as_mlflow_datasets_and_the_rows_bo
     options = spec.storage.options()
     inputs = job.resolve_inputs(spec, options)
     plan = job.plan_datasets(spec, options, inputs)
-    plan[train_datasets.PLAN_KEY] = [
-        item.to_dict() for item in train_datasets.describe(inputs, plan, options)
-    ]
+    plan[train_datasets.PLAN_KEY] = [item.to_dict() for item in train_datasets.describe(inputs, plan)]
 
     run_id = tracking.start_run(spec, None, train_datasets.of_plan(plan))
     client = mlflow.MlflowClient(store)

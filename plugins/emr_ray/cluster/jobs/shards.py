@@ -100,8 +100,10 @@ def read_dataset_entry(entry: dict[str, Any], fsys: Any):
 
     if not entry["files"]:
         return None
-    with fsys.open_input_file(entry["files"][0][0]) as f:
-        columns = pq.ParquetFile(f).schema_arrow.names
+    columns = list(entry.get("columns") or {})  # the plan read the footer already
+    if not columns:
+        with fsys.open_input_file(entry["files"][0][0]) as f:
+            columns = pq.ParquetFile(f).schema_arrow.names
     return read([Piece(path, 0, int(rows)) for path, rows in entry["files"]], fsys, columns)
 
 
@@ -122,6 +124,14 @@ def dataset_reader(plan: dict[str, Any], options: Any):
     return read_dataset
 
 
-def describe(uri: str, files: list[tuple[str, int]], *, equal: bool) -> dict[str, Any]:
-    """One dataset's entry in the plan the job passes to the workers."""
-    return {"uri": uri, "files": [[path, rows] for path, rows in files], "equal": equal}
+def describe(
+    uri: str, files: list[tuple[str, int]], *, equal: bool, columns: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One dataset's entry in the plan the job passes to the workers (``columns``: name to Arrow type,
+    from the first file's footer, for the run's MLflow dataset)."""
+    return {
+        "uri": uri,
+        "files": [[path, rows] for path, rows in files],
+        "equal": equal,
+        "columns": columns or {},
+    }

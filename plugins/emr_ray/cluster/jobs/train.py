@@ -107,10 +107,11 @@ def plan_datasets(
             raise JobInputError(
                 f"Training input {name}={uri} has no Parquet files; run the preprocessing step first."
             )
-        counted = storage.parquet_row_counts(files, uri, options)
+        footers = storage.parquet_footers(files, uri, options)
+        counted = [(path, rows) for path, rows, _ in footers]
         if not sum(rows for _, rows in counted):
             raise JobInputError(f"Training input {name}={uri} has no rows; check the preprocessing step.")
-        datasets[name] = shards.describe(uri, counted, equal=(name == "train"))
+        datasets[name] = shards.describe(uri, counted, equal=(name == "train"), columns=footers[0][2])
     return {"datasets": datasets, "storage": spec.storage.to_dict()}
 
 
@@ -358,9 +359,7 @@ def run(spec: TrainJobSpec, usage: UsageLog | None = None) -> TrainResult:
     started = time.monotonic()
     plan = plan_datasets(spec, options, inputs)
     # what MLflow shows of the run's data: the generations, their digests, schemas and rows
-    plan[train_datasets.PLAN_KEY] = [
-        item.to_dict() for item in train_datasets.describe(inputs, plan, options)
-    ]
+    plan[train_datasets.PLAN_KEY] = [item.to_dict() for item in train_datasets.describe(inputs, plan)]
     rows = planned_rows(plan, spec)
     log.info("Planned per-worker shards of %s rows in %.1fs", rows, time.monotonic() - started)
     _usage.lap("plan")

@@ -3,7 +3,7 @@ run (the committed generation's URI as its source, the generation's digest, its 
 MLflow's UI says which data a model version came from, without our tags. The champion comparison
 adds the rows both models were scored on, with the test dataset's digest: the same rows, visibly.
 
-The driver describes the inputs once (:func:`describe`: one Parquet footer per dataset, no data
+The driver describes the inputs once (:func:`describe`: from the plan, whose footers it read, no data
 read) and puts them in the shard plan; whoever starts the run (the driver, or a warm group's rank 0)
 logs them (:func:`log_inputs`), and the comparison logs its rows (:func:`log_compared_rows`).
 Runs on the cluster: never imports Airflow.
@@ -69,13 +69,13 @@ class RunInput(SpecPart):
         return DatasetInput(dataset, tags=[InputTag(key, value) for key, value in pairs.items()])
 
 
-def describe(inputs: dict[str, tuple[Any, str]], plan: dict[str, Any], options: Any) -> list[RunInput]:
+def describe(inputs: dict[str, tuple[Any, str]], plan: dict[str, Any]) -> list[RunInput]:
     """Each dataset of the plan as a :class:`RunInput`: ``inputs`` maps its name to its committed
-    generation and output name (the job's ``resolve_inputs``); the schema from its first file's footer."""
+    generation and output name (the job's ``resolve_inputs``); the schema is the columns the plan
+    read from the first file's footer (:func:`emr_ray.cluster.storage.parquet_footers`)."""
     described = []
     for name, entry in plan["datasets"].items():
         committed, output = inputs[name]
-        files = [path for path, _ in entry["files"]]
         described.append(
             RunInput(
                 name=name,
@@ -83,19 +83,15 @@ def describe(inputs: dict[str, tuple[Any, str]], plan: dict[str, Any], options: 
                 generation=committed.generation,
                 digest=committed.digest(),
                 rows=sum(rows for _, rows in entry["files"]),
-                schema=parquet_schema(files[0], entry["uri"], options) if files else {},
+                schema=mlflow_types(entry.get("columns", {})),
             )
         )
     return described
 
 
-def parquet_schema(path: str, uri: str, options: Any) -> dict[str, str]:
-    """A Parquet file's columns, name to MLflow's type name, from its footer (no data read)."""
-    import pyarrow.parquet as pq
-
-    with storage.filesystem(uri, options).open_input_file(path) as f:
-        schema = pq.ParquetFile(f).schema_arrow
-    return {column.name: _MLFLOW_TYPES.get(str(column.type), str(column.type)) for column in schema}
+def mlflow_types(columns: dict[str, str]) -> dict[str, str]:
+    """Columns (name to Arrow type name) with MLflow's type names where it has one."""
+    return {name: _MLFLOW_TYPES.get(kind, kind) for name, kind in columns.items()}
 
 
 def of_plan(plan: dict[str, Any] | None) -> list[RunInput]:
