@@ -175,14 +175,9 @@ class LocalAirflow:
     def start(self, timeout: float = 240) -> LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         self._airflow("db", "migrate")
-        # Ray tasks take a slot of their kind's pool, deferred ones too: runs queue instead of
-        # oversubscribing the cluster, and a run's training never waits behind later preprocessing.
-        slots = self.pool_slots or ray_pool_slots(self.stack.num_cpus)
-        for pool, description in POOLS.items():
-            size = 1 if pool == PROMOTION_POOL else slots
-            self._airflow("pools", "set", pool, str(size), description, "--include-deferred")
         logs = self.home / "logs"
         logs.mkdir(exist_ok=True)
+        pools = self._import_pools()  # one CLI start, while the components start
         for name in self.components():
             self._launch(name)
         deadline = time.monotonic() + timeout
@@ -190,6 +185,8 @@ class LocalAirflow:
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as response:
                     if response.status == 200:
+                        if pools.wait(timeout=max(1.0, deadline - time.monotonic())):
+                            raise RuntimeError(f"airflow pools import failed; see {logs / 'pools.log'}")
                         threading.Thread(
                             target=self._supervise, name="airflow-supervisor", daemon=True
                         ).start()
@@ -204,6 +201,23 @@ class LocalAirflow:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Airflow API at {self.url} did not answer within {timeout:.0f}s")
             time.sleep(2)
+
+    def _import_pools(self) -> subprocess.Popen:
+        """``airflow pools import`` of every pool, started (the caller waits). Ray tasks take a slot of
+        their kind's pool, deferred ones too: runs queue instead of oversubscribing the cluster, and a
+        run's training never waits behind later preprocessing."""
+        slots = self.pool_slots or ray_pool_slots(self.stack.num_cpus)
+        pools = {
+            pool: {"slots": 1 if pool == PROMOTION_POOL else slots, "description": description,
+                   "include_deferred": True}
+            for pool, description in POOLS.items()
+        }  # fmt: skip
+        path = self.home / "pools.json"
+        path.write_text(json.dumps(pools))
+        cli = str(Path(sys.executable).with_name("airflow"))
+        out = open(self.home / "logs" / "pools.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
+        return subprocess.Popen([cli, "pools", "import", str(path)], env=self.env(), stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
 
     def _launch(self, name: str) -> None:
         cli = str(Path(sys.executable).with_name("airflow"))
