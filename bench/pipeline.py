@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import REPO, STATE, machine, table, write_json
+from emr_ray.provider_info import DEFERRAL_SETTLE_SECONDS
 from emr_ray.sizing.model import linear_fit
 
 DAG_ID = "retrain_tabular"
@@ -95,11 +96,12 @@ CONTENDERS = {
     "warm_rest": {"spark_session": "shared", "worker_group": "shared"},
     "warm_rest_runs16": {"spark_session": "shared", "worker_group": "shared"},
     "warm_rest_upstream": {"spark_session": "shared", "worker_group": "shared"},
+    "warm_rest_settle0": {"spark_session": "shared", "worker_group": "shared"},
 }
 #: contenders whose tasks and jobs reach MLflow through its tracking server (REST, as a deployment
 #: does and the chaos soak; the server over the same store): the others open the store itself
 #: (SQLAlchemy), which costs each registration about 0.65 s of imports before its first query
-MLFLOW_SERVER = {"warm_rest", "warm_rest_runs16", "warm_rest_upstream"}
+MLFLOW_SERVER = {"warm_rest", "warm_rest_runs16", "warm_rest_upstream", "warm_rest_settle0"}
 #: runs of a backfill active at once, where a contender differs from the DAGs' ``MAX_ACTIVE_RUNS``:
 #: by Little's law a backfill keeps ``max_active_runs / run latency`` runs per second moving, and a
 #: run's latency grows with the queues at the Ray pools
@@ -108,6 +110,10 @@ MAX_ACTIVE_RUNS_OF = {"warm_rest_runs16": 16}
 #: upstream tasks (Airflow's default ranks it by its downstream ones): where tasks wait for a worker
 #: slot, a run's training and registration go before the next runs' sensors and cluster checks
 AIRFLOW_CONFIG_OF = {"warm_rest_upstream": {"AIRFLOW__CORE__DEFAULT_TASK_WEIGHT_RULE": "upstream"}}
+#: how long a contender's Ray triggers hold a finished job's event after the deferral, where it differs
+#: from the provider's ``[emr_ray] deferral_settle_seconds``: ``warm_rest_settle0`` answers at once, as
+#: before the hold, so the backfill's retries from Airflow's deferral race show beside the hold's cost
+DEFERRAL_SETTLE_OF = {"warm_rest_settle0": 0.0}
 #: slots of each Ray pool per warm lane, where a contender differs from the sizing rule's
 #: (``emr_ray.sizing.model.WARM_SLOTS_PER_LANE``): ``warm_queue3`` has two tasks' jobs wait at a busy
 #: replica instead of one, so the Airflow side of the next task has two calls' time to get there
@@ -126,6 +132,7 @@ DEFER_AFTER = {
     "warm_rest": 0,
     "warm_rest_runs16": 0,
     "warm_rest_upstream": 0,
+    "warm_rest_settle0": 0,
 }
 
 
@@ -402,7 +409,9 @@ def backfill(
     dates = [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
     cpus = float(cpus or stack.num_cpus)
     slots = pool_slots(cpus, conf or {}, contender)
-    airflow = LocalAirflow(stack, stack.root / "airflow-live", port=8080, pool_slots=slots).start()
+    settle = DEFERRAL_SETTLE_OF.get(contender, DEFERRAL_SETTLE_SECONDS)
+    airflow = LocalAirflow(stack, stack.root / "airflow-live", port=8080, pool_slots=slots,
+                           deferral_settle_s=settle).start()  # fmt: skip
     try:
         api = Api(airflow)
         api.unpause_once_parsed(DAG_ID, timeout_s=300)  # once the DAG processor parsed it
@@ -423,6 +432,8 @@ def backfill(
             pass  # already closed
         api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
         airflow_cpu = cpu_spent(airflow_cpu_before, airflow.cpu_seconds())
+        tries = [api.task_instances(run_id) for run_id in finished]
+        retried = retried_tries([ti for run in tries for ti in run.values()])
     finally:
         airflow.stop()
     jobs = ray_jobs(stack, set(finished))
@@ -458,7 +469,18 @@ def backfill(
         "airflow_cpu_seconds": airflow_cpu,
         "airflow_cpu_seconds_per_partition": round(sum(airflow_cpu.values()) / days, 1),
         "cluster_cpu_seconds_per_partition": round(reserved / days, 1),
+        "deferral_settle_s": settle,
+        "retried_tries": retried,
     }
+
+
+def retried_tries(task_instances: list[dict[str, Any]]) -> dict[str, int]:
+    """Tries beyond the first, per task id, over a backfill's task instances (the API's answers)."""
+    retried: dict[str, int] = {}
+    for ti in task_instances:
+        if (extra := int(ti.get("try_number") or 1) - 1) > 0:
+            retried[ti["task_id"]] = retried.get(ti["task_id"], 0) + extra
+    return retried
 
 
 def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -522,6 +544,10 @@ def report(result: dict[str, Any]) -> str:
             f"{b['ray_pool_slots']} slot(s) each; max_active_runs {b['max_active_runs']}); no Ray job "
             f"running for {b['idle_s']:.0f} s of the {b['wall_s']:.0f} s",
         ]
+        if "retried_tries" in b:
+            text.append(f"- tries beyond the first: {sum(b['retried_tries'].values())} "
+                        f"({b['retried_tries'] or 'none'}); triggers hold a finished job's event "
+                        f"{b['deferral_settle_s']:g} s after the deferral")  # fmt: skip
         if "airflow_cpu_seconds" in b:
             text.append(f"- Airflow's own processes used {b['airflow_cpu_seconds_per_partition']:.1f} CPU-s per "
                         f"partition ({b['airflow_cpu_seconds']}), the cluster's jobs reserved "
@@ -582,6 +608,14 @@ def comparison(per_contender: dict[str, dict[str, Any]]) -> str:
                      *[f"{walls[0] / v:.2f}x" for v in walls[1:]]])  # fmt: skip
         util = [per_contender[c]["backfill"]["utilisation"] for c in names]
         rows.append(["backfill: cluster utilisation", *[f"{u:.0%}" for u in util], *["-" for _ in util[1:]]])
+        airflow = [per_contender[c]["backfill"].get("airflow_cpu_seconds_per_partition") for c in names]
+        if all(airflow):
+            rows.append(["backfill: Airflow CPU-s per partition", *[f"{v:.1f}" for v in airflow],
+                         *[f"{airflow[0] / v:.2f}x" for v in airflow[1:]]])  # fmt: skip
+        retried = [per_contender[c]["backfill"].get("retried_tries") for c in names]
+        if all(r is not None for r in retried):
+            rows.append(["backfill: tries beyond the first", *[str(sum(r.values())) for r in retried],
+                         *["-" for _ in retried[1:]]])  # fmt: skip
     headers = ["figure", *[f"{c} s" for c in names], *[f"{base} / {c}" for c in names[1:]]]
     return "\n".join(["", f"contenders side by side ({' vs '.join(names)}):", "", table(headers, rows)])
 

@@ -57,3 +57,11 @@ def test_airflows_cpu_seconds_are_each_components_difference_between_two_reading
     before = {"scheduler": 10.0, "triggerer": 2.0}
     after = {"scheduler": 25.5, "triggerer": 2.4, "worker-1": 7.0}  # a component started in between
     assert cpu_spent(before, after) == {"scheduler": 15.5, "triggerer": 0.4, "worker-1": 7.0}
+
+
+def test_retried_tries_count_each_tasks_tries_beyond_its_first():
+    from bench.pipeline import retried_tries
+
+    tis = [{"task_id": "train", "try_number": 2}, {"task_id": "train", "try_number": 1},
+           {"task_id": "preprocess", "try_number": 3}, {"task_id": "register", "try_number": None}]  # fmt: skip
+    assert retried_tries(tis) == {"train": 1, "preprocess": 2}
