@@ -7,7 +7,8 @@ triggerer, two Celery workers) on 127.0.0.1, driven through its REST API like th
 - the same from the UI's trigger form, in headless Chromium;
 - the extra links of the manual run's tasks, opened from the UI in headless Chromium: the Ray
   dashboard's job page (after the token dialog a user meets once), the MLflow run (whose dataset
-  inputs name the committed generation) and the model version, each served on 127.0.0.1 as
+  inputs name the committed generation, shown by MLflow's page with their digests: a screenshot) and
+  the model version, each served on 127.0.0.1 as
   ``make airflow`` serves them;
 - the DAG's Retraining tab (the plugin's view) over the manual run: through the API server with a
   token, and in headless Chromium (a screenshot).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import urllib.error
@@ -197,6 +199,18 @@ def test_extra_links_open_the_ray_job_the_mlflow_run_and_the_model_version(
         mlflow_run = follow("register", "MLflow Run")
         mlflow_run.get_by_text(run.info.run_id).first.wait_for()
         mlflow_run.get_by_text(run.info.run_name).first.wait_for()
+        # MLflow's own page names the data: each input as "<name> (<the generation's digest>)", the
+        # first in the overview's Datasets row and the others behind its "+N"
+        digests = "|".join(re.escape(item.dataset.digest) for item in run.inputs.dataset_inputs)
+        mlflow_run.get_by_text(re.compile(rf"\(({digests})\)$")).first.wait_for()
+        more = mlflow_run.get_by_text(re.compile(r"^\+\d+$"))
+        if more.count():
+            more.first.click()
+        for item in run.inputs.dataset_inputs:
+            mlflow_run.get_by_text(
+                f"{item.dataset.name} ({item.dataset.digest})", exact=True
+            ).first.wait_for()
+        mlflow_run.screenshot(path=str(tmp_path / "mlflow-run-datasets.png"))
 
         version = follow("register", "MLflow Model Version")
         version.get_by_text(f"Version {result['version']}").first.wait_for()
