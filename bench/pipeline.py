@@ -97,11 +97,18 @@ CONTENDERS = {
     "warm_rest_runs16": {"spark_session": "shared", "worker_group": "shared"},
     "warm_rest_upstream": {"spark_session": "shared", "worker_group": "shared"},
     "warm_rest_settle0": {"spark_session": "shared", "worker_group": "shared"},
+    "warm_rest_watch": {"spark_session": "shared", "worker_group": "shared"},
 }
 #: contenders whose tasks and jobs reach MLflow through its tracking server (REST, as a deployment
 #: does and the chaos soak; the server over the same store): the others open the store itself
 #: (SQLAlchemy), which costs each registration about 0.65 s of imports before its first query
-MLFLOW_SERVER = {"warm_rest", "warm_rest_runs16", "warm_rest_upstream", "warm_rest_settle0"}
+MLFLOW_SERVER = {
+    "warm_rest",
+    "warm_rest_runs16",
+    "warm_rest_upstream",
+    "warm_rest_settle0",
+    "warm_rest_watch",
+}
 #: runs of a backfill active at once, where a contender differs from the DAGs' ``MAX_ACTIVE_RUNS``:
 #: by Little's law a backfill keeps ``max_active_runs / run latency`` runs per second moving, and a
 #: run's latency grows with the queues at the Ray pools
@@ -120,7 +127,9 @@ DEFERRAL_SETTLE_OF = {"warm_rest_settle0": 0.0}
 WARM_SLOTS_PER_LANE = {"warm_queue3": 3}
 #: how long each contender's Ray tasks watch their job before deferring (the DAGs'
 #: ``emr_ray_defer_after`` Variable, set in the environment of its runs): the path before issue 17
-#: deferred at once; ``warm`` against ``warm_defer_at_once`` shows what watching does
+#: deferred at once; ``warm`` against ``warm_defer_at_once`` shows what watching does, and
+#: ``warm_rest_watch`` against ``warm_rest`` what it does to Airflow's own CPU: a job that ends while
+#: its task watches needs no deferral and no second task process
 #: a task's own start in ``airflow dags test``'s log (the execution API's "Task started")
 TASK_STARTED = re.compile(r"^(?P<at>\S+Z) \[info\s*\] Task started .* ti_id=(?P<ti_id>[0-9a-f-]+)")
 DEFER_AFTER = {
@@ -133,6 +142,7 @@ DEFER_AFTER = {
     "warm_rest_runs16": 0,
     "warm_rest_upstream": 0,
     "warm_rest_settle0": 0,
+    "warm_rest_watch": 30,
 }
 
 
