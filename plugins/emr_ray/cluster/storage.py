@@ -322,24 +322,26 @@ def parquet_row_counts(
     files: list[str], uri: str, options: StorageOptions | None = None
 ) -> list[tuple[str, int]]:
     """``(file, rows)`` for each of ``files`` (on ``uri``'s filesystem), from its Parquet footer: no data read."""
-    return [(path, rows) for path, rows, _ in parquet_footers(files, uri, options)]
+    return parquet_footers(files, uri, options)[0]
 
 
 def parquet_footers(
     files: list[str], uri: str, options: StorageOptions | None = None
-) -> list[tuple[str, int, dict[str, str]]]:
-    """``(file, rows, columns)`` for each of ``files``, columns as name to Arrow type name, from the
-    footer read once (no data read): what a training's plan and its MLflow datasets both need."""
+) -> tuple[list[tuple[str, int]], dict[str, str]]:
+    """``(file, rows)`` for each of ``files`` and the first file's columns (name to Arrow type name),
+    each footer read once (no data read): what a training's plan and its MLflow datasets both need."""
     import pyarrow.parquet as pq
 
     fsys = filesystem(uri, options)
-    footers = []
+    counts: list[tuple[str, int]] = []
+    columns: dict[str, str] = {}
     for path in files:
         with fsys.open_input_file(path) as f:
             parquet = pq.ParquetFile(f)
-            columns = {column.name: str(column.type) for column in parquet.schema_arrow}
-            footers.append((path, parquet.metadata.num_rows, columns))
-    return footers
+            if not counts:
+                columns = {column.name: str(column.type) for column in parquet.schema_arrow}
+            counts.append((path, parquet.metadata.num_rows))
+    return counts, columns
 
 
 def count_parquet_rows(files: list[str], uri: str, options: StorageOptions | None = None) -> int:

@@ -107,11 +107,10 @@ def plan_datasets(
             raise JobInputError(
                 f"Training input {name}={uri} has no Parquet files; run the preprocessing step first."
             )
-        footers = storage.parquet_footers(files, uri, options)
-        counted = [(path, rows) for path, rows, _ in footers]
+        counted, columns = storage.parquet_footers(files, uri, options)
         if not sum(rows for _, rows in counted):
             raise JobInputError(f"Training input {name}={uri} has no rows; check the preprocessing step.")
-        datasets[name] = shards.describe(uri, counted, equal=(name == "train"), columns=footers[0][2])
+        datasets[name] = shards.describe(uri, counted, equal=(name == "train"), columns=columns)
     return {"datasets": datasets, "storage": spec.storage.to_dict()}
 
 
