@@ -36,6 +36,8 @@ from emr_ray.params import PROMOTION_POOL, SPARK_POOL, TRAIN_POOL
 from emr_ray.provider_info import DEFERRAL_SETTLE_SECONDS
 from emr_ray.sizing.model import CPUS_PER_RAY_TASK, CPUS_PER_WARM_LANE, WARM_SLOTS_PER_LANE, ray_pool_slots  # noqa: F401 - the stack sizes its pools by the provider's rule
 
+#: the ``airflow`` command of this interpreter's environment
+AIRFLOW_CLI = str(Path(sys.executable).with_name("airflow"))
 USER = "admin"
 #: the pools the example DAGs' tasks take a slot of (``make airflow`` creates them)
 POOLS = {
@@ -169,8 +171,9 @@ class LocalAirflow:
         }  # fmt: skip
 
     def _airflow(self, *args: str) -> subprocess.CompletedProcess:
-        cli = str(Path(sys.executable).with_name("airflow"))
-        return subprocess.run([cli, *args], env=self.env(), check=True, capture_output=True, text=True)
+        return subprocess.run(
+            [AIRFLOW_CLI, *args], env=self.env(), check=True, capture_output=True, text=True
+        )
 
     def start(self, timeout: float = 240) -> LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -214,15 +217,13 @@ class LocalAirflow:
         }  # fmt: skip
         path = self.home / "pools.json"
         path.write_text(json.dumps(pools))
-        cli = str(Path(sys.executable).with_name("airflow"))
         out = open(self.home / "logs" / "pools.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
-        return subprocess.Popen([cli, "pools", "import", str(path)], env=self.env(), stdout=out,
+        return subprocess.Popen([AIRFLOW_CLI, "pools", "import", str(path)], env=self.env(), stdout=out,
                                 stderr=subprocess.STDOUT)  # fmt: skip
 
     def _launch(self, name: str) -> None:
-        cli = str(Path(sys.executable).with_name("airflow"))
         out = open(self.home / "logs" / f"{name}.log", "a")  # noqa: SIM115 - kept open for the child's lifetime
-        argv = [cli, *(a.format(port=self.port) for a in self.components()[name])]
+        argv = [AIRFLOW_CLI, *(a.format(port=self.port) for a in self.components()[name])]
         self.processes[name] = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
                                                 start_new_session=True)  # fmt: skip
 
