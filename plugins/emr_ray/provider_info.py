@@ -13,9 +13,11 @@ _TEXT = {"type": ["string", "null"]}
 
 #: how long after its deferral a trigger holds a finished job's event. Airflow 3.3 fails a resumed task
 #: whose trigger fired before the executor had reported the deferring process's exit ("finished with
-#: state success, but the task instance's state attribute is queued"); the executor reports it within
-#: a heartbeat or two. A job still running when the task defers rarely ends inside this window, so the
-#: hold costs little; a job already done is never deferred (``RayJobOperator.execute``). The
+#: state success, but the task instance's state attribute is queued"); the executor usually reports it
+#: within a heartbeat or two, so the hold narrows the race without closing it (a loaded machine's late
+#: report can still lose it: one retry in a 30-partition backfill, bench/results/SUMMARY.md). A job
+#: still running when the task defers rarely ends inside this window, so the hold costs little; a job
+#: already done is never deferred (``RayJobOperator.execute``). The
 #: default of ``[emr_ray] deferral_settle_seconds``; here, because this module imports nothing Airflow
 #: imports (the hooks do, and Airflow reads this module while it starts).
 DEFERRAL_SETTLE_SECONDS = 5.0
