@@ -246,6 +246,19 @@ def test_an_unleased_pool_gives_way_and_a_leased_one_refuses():
     assert pool.release_if_idle() is False  # stopping already
 
 
+def test_a_new_pool_is_kept_for_the_job_that_started_it_until_its_first_lease_or_a_lease_timeout():
+    """The starter's lease request waits in the actor's queue while the payload starts: a job
+    giving way in between must not stop the pool under it. One that never comes loses it."""
+    kept, abandoned = Pool(), Pool()
+    assert kept.release_if_idle() is False and kept.events == []
+    kept.finish(kept.acquire(0.0).lease, ok=True)
+    assert kept.release_if_idle() is True  # served its starter: idle like any other
+    abandoned.clock.advance(LEASE_TIMEOUT_S - 0.1)
+    assert abandoned.release_if_idle() is False
+    abandoned.clock.advance(0.2)
+    assert abandoned.release_if_idle() is True and abandoned.events == ["stop", "exit"]
+
+
 def test_a_pool_whose_payload_broke_while_idle_is_retired_by_its_would_be_holder():
     pool = Pool()
     pool.fault = "lost a worker while idle"
@@ -263,6 +276,7 @@ def test_a_stop_that_fails_still_ends_the_actor():
         raise RuntimeError("the JVM is gone")
 
     pool.stop = fails  # type: ignore[method-assign]
+    pool.finish(pool.acquire(0.0).lease, ok=True)
     assert pool.release_if_idle() and pool.events == ["exit"]
 
 

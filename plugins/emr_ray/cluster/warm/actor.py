@@ -94,7 +94,7 @@ class WarmActor:
         self.born = started = clock()
         self.start()
         self.start_seconds = round(clock() - started, 2)
-        self.beat = self.last_used = clock()
+        self.beat = self.last_used = self.ready = clock()
         if watch:
             threading.Thread(target=self._watch, name="idle-and-lease", daemon=True).start()
         log.info("%s %s started in %.1fs", self.WHAT, name, self.start_seconds)
@@ -191,14 +191,24 @@ class WarmActor:
                 self.beat = self.clock()
 
     def release_if_idle(self) -> bool:
-        """Stop and exit if no job holds the lease (another job needs the cluster's CPUs)."""
+        """Stop and exit if no job holds the lease and none is promised it (another job needs the
+        cluster's CPUs)."""
         with self._cond:
-            if self.lease is not None or self.retired:
+            if self.lease is not None or self.retired or self._promised():
                 return False
             self.retired = True
             self._cond.notify_all()
         self._stop_soon()
         return True
+
+    def _promised(self) -> bool:  # with self._cond held
+        """Whether the pool is kept for the job that started it: it has served no lease yet and
+        started less than ``lease_timeout_s`` ago. That job's lease request waits in the actor's
+        queue while the payload starts; a job giving way must not stop the pool in between (four
+        DAGs starting at once on 2 CPUs: a training released the Spark session a preprocessing had
+        just started, which started another under load, 56 s instead of 16). A starter that never
+        comes loses it."""
+        return self.calls == 0 and self.clock() - self.ready < self.policy.lease_timeout_s
 
     def expire(self) -> str | None:
         """Retire the pool if its lease lapsed or it was idle for its timeout; returns why (None: it
