@@ -444,6 +444,7 @@ def backfill(
         airflow_cpu = cpu_spent(airflow_cpu_before, airflow.cpu_seconds())
         tries = [api.task_instances(run_id) for run_id in finished]
         retried = retried_tries([ti for run in tries for ti in run.values()])
+        processes = task_processes(api.event_logs("running"), set(finished))
     finally:
         airflow.stop()
     jobs = ray_jobs(stack, set(finished))
@@ -481,6 +482,8 @@ def backfill(
         "cluster_cpu_seconds_per_partition": round(reserved / days, 1),
         "deferral_settle_s": settle,
         "retried_tries": retried,
+        "task_processes": processes,
+        "task_processes_per_partition": round(sum(processes.values()) / days, 2),
     }
 
 
@@ -491,6 +494,16 @@ def retried_tries(task_instances: list[dict[str, Any]]) -> dict[str, int]:
         if (extra := int(ti.get("try_number") or 1) - 1) > 0:
             retried[ti["task_id"]] = retried.get(ti["task_id"], 0) + extra
     return retried
+
+
+def task_processes(running_events: list[dict[str, Any]], run_ids: set[str]) -> dict[str, int]:
+    """Task processes started, per task id, over the runs ``run_ids``: one per ``running`` audit-log
+    entry (a try's start, and each resume after a deferral), the unit Airflow's own CPU is spent in."""
+    started: dict[str, int] = {}
+    for event in running_events:
+        if event.get("run_id") in run_ids and event.get("task_id"):
+            started[event["task_id"]] = started.get(event["task_id"], 0) + 1
+    return started
 
 
 def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -558,6 +571,9 @@ def report(result: dict[str, Any]) -> str:
             text.append(f"- tries beyond the first: {sum(b['retried_tries'].values())} "
                         f"({b['retried_tries'] or 'none'}); triggers hold a finished job's event "
                         f"{b['deferral_settle_s']:g} s after the deferral")  # fmt: skip
+        if "task_processes" in b:
+            text.append(f"- task processes started: {b['task_processes_per_partition']:.1f} per partition "
+                        f"({b['task_processes']})")  # fmt: skip
         if "airflow_cpu_seconds" in b:
             text.append(f"- Airflow's own processes used {b['airflow_cpu_seconds_per_partition']:.1f} CPU-s per "
                         f"partition ({b['airflow_cpu_seconds']}), the cluster's jobs reserved "
@@ -622,6 +638,10 @@ def comparison(per_contender: dict[str, dict[str, Any]]) -> str:
         if all(airflow):
             rows.append(["backfill: Airflow CPU-s per partition", *[f"{v:.1f}" for v in airflow],
                          *[f"{airflow[0] / v:.2f}x" for v in airflow[1:]]])  # fmt: skip
+        processes = [per_contender[c]["backfill"].get("task_processes_per_partition") for c in names]
+        if all(processes):
+            rows.append(["backfill: task processes per partition", *[f"{v:.1f}" for v in processes],
+                         *[f"{processes[0] / v:.2f}x" for v in processes[1:]]])  # fmt: skip
         retried = [per_contender[c]["backfill"].get("retried_tries") for c in names]
         if all(r is not None for r in retried):
             rows.append(["backfill: tries beyond the first", *[str(sum(r.values())) for r in retried],

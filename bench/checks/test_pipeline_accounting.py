@@ -65,3 +65,12 @@ def test_retried_tries_count_each_tasks_tries_beyond_its_first():
     tis = [{"task_id": "train", "try_number": 2}, {"task_id": "train", "try_number": 1},
            {"task_id": "preprocess", "try_number": 3}, {"task_id": "register", "try_number": None}]  # fmt: skip
     assert retried_tries(tis) == {"train": 1, "preprocess": 2}
+
+
+def test_task_processes_count_every_start_and_resume_of_the_backfills_runs_only():
+    from bench.pipeline import task_processes
+
+    events = [{"run_id": "b1", "task_id": "train"}, {"run_id": "b1", "task_id": "train"},  # started, resumed
+              {"run_id": "b1", "task_id": "register"}, {"run_id": "manual", "task_id": "train"},
+              {"run_id": "b2", "task_id": None}]  # fmt: skip
+    assert task_processes(events, {"b1", "b2"}) == {"train": 2, "register": 1}
