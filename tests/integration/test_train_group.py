@@ -43,7 +43,7 @@ def checkpoint_epochs(path: str, options: storage.StorageOptions | None = None) 
     return sorted(epochs)
 
 
-def test_a_warm_group_trains_the_same_model_as_ray_train_and_serves_the_next_training_warm(
+def test_a_warm_group_trains_the_same_model_as_ray_train_serves_the_next_training_warm_and_gives_way_when_idle(
     ray_conn,
     mlflow_conn,
     cos_server,
@@ -53,23 +53,14 @@ def test_a_warm_group_trains_the_same_model_as_ray_train_and_serves_the_next_tra
 ):
     config = {"epochs": 3}
     run_id = f"manual__{uuid.uuid4().hex[:8]}"
-    by_ray_train = make_operator(staged, tmp_path, config, num_to_keep=1).execute(
-        {"ti": FakeTaskInstance("train_job", run_id=run_id)}
-    )
     first = make_operator(staged, tmp_path, config, num_to_keep=1, worker_group="shared").execute(
         {"ti": FakeTaskInstance("train_shared", run_id=run_id)}
     )
-    # the same loop, shards, seed and process group: the same model, epoch for epoch
-    for key in ("train_loss", "test_loss", "test_accuracy"):
-        assert first["final_metrics"][key] == pytest.approx(by_ray_train["final_metrics"][key], rel=1e-4), key
     assert first["epochs_completed"] == 3 and first["final_metrics"]["start_epoch"] == 0
     assert epochs_logged(mlflow_conn.tracking_uri, first["mlflow_run_id"]) == [0, 1, 2]
     assert first["best_metrics"]["epoch"] == min(range(3), key=lambda e: checkpoint_loss(first, e))
     group = first["worker_group"]
     assert group["name"] in live_groups(RayHook(ray_conn))
-    # MLflow itself shows the data each run trained on, whoever started the run: the same generations
-    shown = run_datasets(first)
-    assert shown == run_datasets(by_ray_train) and "train" in shown and all(shown.values())
 
     # the next training (another task, its checkpoints in COS) runs warm in the same group
     second_op = make_operator(staged, tmp_path, config, num_to_keep=1, worker_group="shared")
@@ -88,6 +79,19 @@ def test_a_warm_group_trains_the_same_model_as_ray_train_and_serves_the_next_tra
     fsys, path = storage.resolve(second["checkpoint_uri"], options)
     with fsys.open_input_stream(f"{path}/state.pt") as f:
         assert len(f.read()) > 1000  # the weights, uploaded whole with the call's COS keys
+
+    # Ray Train's own worker group (``worker_group="job"``, 2 workers) needs the CPUs the idle warm
+    # group holds on this small cluster: the job releases the group instead of waiting for its idle
+    # timeout, and trains the same model, epoch for epoch (the same loop, shards, seed and process group)
+    by_ray_train = make_operator(staged, tmp_path, config, num_to_keep=1).execute(
+        {"ti": FakeTaskInstance("train_job", run_id=run_id)}
+    )
+    assert group["name"] not in live_groups(RayHook(ray_conn))
+    for key in ("train_loss", "test_loss", "test_accuracy"):
+        assert first["final_metrics"][key] == pytest.approx(by_ray_train["final_metrics"][key], rel=1e-4), key
+    # MLflow itself shows the data each run trained on, whoever started the run: the same generations
+    shown = run_datasets(first)
+    assert shown == run_datasets(by_ray_train) and "train" in shown and all(shown.values())
 
 
 def run_datasets(result: dict) -> dict[str, str]:
@@ -112,21 +116,6 @@ def cos_options(cos_server) -> storage.StorageOptions:
 
     return storage.StorageOptions(endpoint_override=cos_server.endpoint, scheme="http", region=REGION,
                                   access_key=SECRET_ID, secret_key=SECRET_KEY)  # fmt: skip
-
-
-def test_an_idle_group_gives_way_to_a_job_that_needs_its_cpus(ray_conn, mlflow_conn, staged, tmp_path):
-    """Ray Train's own worker group (``worker_group="job"``, 2 workers) needs CPUs an idle warm group
-    holds on this small cluster: the job releases the group instead of waiting for its idle timeout."""
-    run_id = f"manual__{uuid.uuid4().hex[:8]}"
-    warm = make_operator(staged, tmp_path, {"epochs": 1}, worker_group="shared").execute(
-        {"ti": FakeTaskInstance("train_shared", run_id=run_id)}
-    )
-    assert warm["worker_group"]["name"] in live_groups(RayHook(ray_conn))
-    cold = make_operator(staged, tmp_path, {"epochs": 1}).execute(
-        {"ti": FakeTaskInstance("train_job", run_id=run_id)}
-    )
-    assert cold["epochs_completed"] == 1
-    assert warm["worker_group"]["name"] not in live_groups(RayHook(ray_conn))
 
 
 def slow_usage(seconds: float) -> str:
