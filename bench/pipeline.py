@@ -42,8 +42,8 @@ and ``warm`` (both warm: the Spark session and a training worker group that outl
 after the other (alternating them would have one contender's cold jobs evict the other's idle warm
 pools on a small cluster). Each contender also sets how long its Ray tasks watch their job before
 deferring (:data:`DEFER_AFTER`, the DAGs' ``emr_ray_defer_after`` Variable): ``warm`` watches 30 s,
-``warm_defer_at_once`` is ``warm`` deferring at once (the DAGs' default since it measured faster in
-the backfill), ``job`` defers at once as before issue 17. The table at the end puts whole runs, each
+``warm_defer_at_once`` is ``warm`` deferring at once, ``job`` defers at once as before issue 17
+(the DAGs watch 30 s: ``warm_rest_watch`` against ``warm_rest``). The table at the end puts whole runs, each
 task's fixed part and the backfills side by side with their ratios. The head has 3 CPUs by default: a warm session's executor
 (1) and the 2 training workers fit at once (on 2 CPUs each warm pool releases the other for every
 task, and the warm paths cost about what ``job`` does). Each backfill's Ray pools (``ray_spark`` for

@@ -215,10 +215,11 @@ SPARK_IDLE_TIMEOUT_TEMPLATE = "{{ var.value.get('emr_ray_spark_idle_timeout', 60
 
 
 #: how long a Ray task watches its job before deferring: the ``emr_ray_defer_after`` Variable
-#: (seconds), 0 by default (defer at once). Watching saves a short job the triggerer's round trip
-#: and the second task start, but holds a worker slot meanwhile: in a live backfill on 2 cores and
-#: 4 worker slots, 30 s of watching made it slower (253 s against 178 s; bench/results/SUMMARY.md)
-DEFER_AFTER_TEMPLATE = "{{ var.value.get('emr_ray_defer_after', 0) }}"
+#: (seconds), 30 by default. Watching saves a job that ends by then the triggerer's round trip and
+#: the second task process, and holds a worker slot meanwhile: with warm pools, a 30-partition
+#: backfill on 4 worker slots took 372 s watching against 459 s deferring at once, 6 task processes
+#: a partition instead of 8, Airflow's CPU 1.28x less (bench/results/SUMMARY.md); 0 defers at once
+DEFER_AFTER_TEMPLATE = "{{ var.value.get('emr_ray_defer_after', 30) }}"
 
 
 #: where the training's loop runs, from the run's ``worker_group`` Param
