@@ -99,6 +99,28 @@ def test_a_busy_replica_whose_call_ends_first_serves_the_call_and_none_starts(cl
     assert sorted(c.busy) == [f"{KEY}-0"]
 
 
+def test_a_live_replica_whose_call_ends_while_a_new_one_starts_serves_the_call(cluster):
+    """All busy, with room: the job waits once, then starts another; the live one's call ends while
+    the new one starts, so the live one serves the job (the new one lives on for the next)."""
+    c = cluster({f"{KEY}-0": True}, room=True)
+    polls: list[float] = []
+
+    def begin(name: str):
+        c.busy[name] = False  # a replica of the pool from now on, still starting
+
+        def ready(timeout: float) -> bool:
+            polls.append(timeout)
+            if len(polls) == 2:
+                c.busy[f"{KEY}-0"] = False  # the live one's call ends during the second poll
+            return len(polls) > 5
+
+        return ready
+
+    assert warm.serve("ns", KEY, 2, c.attempt, what="group", begin=begin) == f"{KEY}-0"
+    assert polls == [1.0, 1.0] and c.waits == [f"{KEY}-0"]
+    assert c.calls.count(f"{KEY}-1") == 0  # the new one was never asked for the call
+
+
 def test_all_busy_without_room_waits_for_one(cluster, monkeypatch):
     c = cluster({f"{KEY}-0": True}, room=False)
     slept: list[float] = []

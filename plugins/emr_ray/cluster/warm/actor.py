@@ -150,6 +150,11 @@ class WarmActor:
             return replace(grant, broken=f"{self.WHAT} {self.name} {reason}")
         return replace(grant, figures=self.figures())
 
+    def started(self) -> bool:
+        """Answers once the payload has started (the actor's constructor returned): the job that
+        started this replica waits on it while it tries the live ones again."""
+        return True
+
     def heartbeat(self, lease: str) -> bool:
         with self._cond:
             if lease != self.lease:

@@ -34,6 +34,7 @@ def serve(
     poll_s: float = 1.0,
     one_per_job: bool = False,
     policy: PoolPolicy = DEFAULT,
+    begin: Callable[[str], Callable[[float], bool]] | None = None,
 ) -> T:
     """``attempt(name, wait_s)`` on a replica of ``key`` that takes the call: a free live one first;
     when all are busy, wait for one (``wait_s``: the replica waits at most its own start-up time);
@@ -48,7 +49,13 @@ def serve(
 
     ``one_per_job``: while a replica this job started lives, the job starts no other (it waits for
     a live one). RayDP names a session's app master actor once per Ray namespace, and every actor a
-    job starts shares the job's namespace: a second session started by one job fails to start."""
+    job starts shares the job's namespace: a second session started by one job fails to start.
+
+    ``begin(name)`` starts replica ``name`` and returns ``ready(timeout)``, true once it has started:
+    while it starts, the live replicas are tried again, and one whose call ends first serves the job
+    (the new one lives on for the next job). Without it, the job waits for the new one alone: four
+    DAGs at once on 2 CPUs, a job scaled out 2 s before the live session's call ended, then waited
+    61 s for its new one while the live one sat idle until another job released it."""
     waited, patient = 0.0, True
     started: set[str] = set()
     while True:
@@ -76,7 +83,10 @@ def serve(
         ):
             name = first_free_replica(key, live)
             started.add(name)
-            got = attempt(name, 0.0)
+            if begin is not None and live:
+                got = _first_served(namespace, key, name, attempt, begin(name), poll_s)
+            else:
+                got = attempt(name, 0.0)
             if got is not None:
                 return got
             continue
@@ -90,6 +100,23 @@ def serve(
             )
         time.sleep(poll_s)
         waited += poll_s
+
+
+def _first_served(
+    namespace: str,
+    key: str,
+    name: str,
+    attempt: Callable[[str, float], T | None],
+    ready: Callable[[float], bool],
+    poll_s: float,
+) -> T | None:
+    """The call on a live replica of ``key`` whose call ends while replica ``name`` starts, else on
+    ``name`` once it has started."""
+    while not ready(poll_s):
+        for other in registry.replicas(namespace, key):
+            if other != name and (got := attempt(other, 0.0)) is not None:
+                return got
+    return attempt(name, 0.0)
 
 
 def _room_for(cpus: float, key: str, *, evict: bool) -> bool:
@@ -305,6 +332,11 @@ def lease(
             return None
         return None if taken is None else Replica(name, actor, taken, payload.WHAT)
 
+    def begin(name: str) -> Callable[[float], bool]:
+        started = start(payload, name, args, runtime_env, policy).started.options(concurrency_group="control")
+        ref = started.remote()
+        return lambda timeout: bool(ray.wait([ref], timeout=timeout)[0])
+
     replica = serve(
         payload.NAMESPACE,
         key,
@@ -313,6 +345,7 @@ def lease(
         what=payload.WHAT.lower(),
         one_per_job=one_per_job,
         policy=policy,
+        begin=begin,
     )
     if not replica.reused:
         replica.why = why_started(payload.WHAT.lower(), live_before, others, passed_over)
