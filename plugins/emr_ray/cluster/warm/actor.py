@@ -94,7 +94,7 @@ class WarmActor:
         self.born = started = clock()
         self.start()
         self.start_seconds = round(clock() - started, 2)
-        self.beat = self.last_used = self.ready = clock()
+        self.beat = self.last_used = clock()
         if watch:
             threading.Thread(target=self._watch, name="idle-and-lease", daemon=True).start()
         log.info("%s %s started in %.1fs", self.WHAT, name, self.start_seconds)
@@ -213,7 +213,8 @@ class WarmActor:
         DAGs starting at once on 2 CPUs: a training released the Spark session a preprocessing had
         just started, which started another under load, 56 s instead of 16). A starter that never
         comes loses it."""
-        return self.calls == 0 and self.clock() - self.ready < self.policy.lease_timeout_s
+        # before its first lease ends, ``last_used`` is when the payload finished starting
+        return self.calls == 0 and self.clock() - self.last_used < self.policy.lease_timeout_s
 
     def expire(self) -> str | None:
         """Retire the pool if its lease lapsed or it was idle for its timeout; returns why (None: it

@@ -333,8 +333,8 @@ def lease(
         return None if taken is None else Replica(name, actor, taken, payload.WHAT)
 
     def begin(name: str) -> Callable[[float], bool]:
-        started = start(payload, name, args, runtime_env, policy).started.options(concurrency_group="control")
-        ref = started.remote()
+        actor = start(payload, name, args, runtime_env, policy)
+        ref = actor.started.options(concurrency_group="control").remote()
         return lambda timeout: bool(ray.wait([ref], timeout=timeout)[0])
 
     replica = serve(
